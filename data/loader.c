@@ -1,0 +1,296 @@
+// loader.c: the threaded batch loader: worker threads fill a ring of batch buffers ahead of the
+// trainer, and batches come out strictly in order.
+//
+// Batches are numbered by a sequence s = 0, 1, 2, ... from the resume position; batch s lives in
+// slot s % prefetch. A worker claims the next unclaimed s once its slot is free, copies that
+// batch's sample indices out of the epoch's permutation (under the lock), then decodes and
+// transforms without the lock. Each sample's pixels depend only on (seed, epoch, sample index),
+// so the output never depends on how many workers there are or which one ran first.
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/loader.h"
+#include "data/transform.h"
+#include "src/rng.h"
+
+typedef enum {
+  SLOT_FREE,     // may be claimed for the next sequence number that maps to it
+  SLOT_FILLING,  // a worker is loading batch `seq`
+  SLOT_READY,    // batch `seq` is complete
+  SLOT_FAILED,   // batch `seq` failed; err says why
+  SLOT_HELD,     // returned by loader_next, not yet released
+} SlotState;
+
+typedef struct {
+  Batch batch;
+  SlotState state;
+  int64_t seq;
+  int64_t *samples;  // (batch_size) dataset indices of batch `seq`
+  Error err;
+} Slot;
+
+struct Loader {
+  const Dataset *ds;
+  LoaderOptions opt;
+  int64_t n;             // dataset samples
+  int64_t per_epoch;     // batches per epoch
+  int64_t global_batch;  // batch_size * world samples per step
+  int64_t first_batch;   // train: global batch number (epoch * per_epoch + index) of seq 0;
+                         // eval: batch index of seq 0
+  int64_t total;         // sequence numbers to produce (train: unbounded)
+  size_t sample_bytes;
+  Slot *slots;         // (prefetch)
+  pthread_t *threads;  // (workers)
+  int threads_started;
+
+  pthread_mutex_t mu;  // guards everything below and every slot's state
+  pthread_cond_t slot_freed, batch_done;
+  int64_t next_claim;  // next sequence number a worker takes
+  int64_t next_out;    // next sequence number loader_next returns
+  bool stop;
+  int64_t *perm;  // (n) train: the shuffle of epoch perm_epoch (the newest claimed)
+  int64_t perm_epoch;
+};
+
+static void *buffer_alloc(const LoaderOptions *opt, size_t bytes) {
+  return opt->alloc ? opt->alloc(bytes) : malloc(bytes);
+}
+
+static void buffer_release(const LoaderOptions *opt, void *ptr) {
+  if (!ptr) return;
+  if (opt->release)
+    opt->release(ptr);
+  else
+    free(ptr);
+}
+
+// Fisher-Yates over [0, n) with draws from (seed, SHUFFLE, epoch, 0).
+static void shuffle(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch) {
+  for (int64_t i = 0; i < n; i++) perm[i] = i;
+  Rng rng = rng_make(seed, RNG_STREAM_SHUFFLE, (uint64_t)epoch, 0);
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = rng_below(&rng, (uint32_t)(i + 1));
+    int64_t t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+// Under the lock: takes sequence number s into slot sl (epoch, index, count, sample indices).
+static void claim(Loader *L, Slot *sl, int64_t s) {
+  const LoaderOptions *o = &L->opt;
+  int64_t g = L->first_batch + s;
+  sl->state = SLOT_FILLING;
+  sl->seq = s;
+  sl->batch.epoch = o->train ? g / L->per_epoch : o->start_epoch;
+  sl->batch.index = o->train ? g % L->per_epoch : g;
+  // Rank r takes the contiguous slice [r*B, (r+1)*B) of the global batch.
+  int64_t base = sl->batch.index * L->global_batch + (int64_t)o->rank * o->batch_size;
+  int64_t count = L->n - base;
+  if (count > o->batch_size) count = o->batch_size;
+  if (count < 0) count = 0;  // eval's last batch may leave a rank nothing
+  sl->batch.count = (int)count;
+  if (o->train) {
+    // Claims are in order, so epochs never go back and one cached permutation suffices; the
+    // indices are copied, so a worker never reads a permutation that is being replaced.
+    if (L->perm_epoch != sl->batch.epoch) {
+      shuffle(L->perm, L->n, o->seed, sl->batch.epoch);
+      L->perm_epoch = sl->batch.epoch;
+    }
+    for (int64_t j = 0; j < count; j++) sl->samples[j] = L->perm[base + j];
+  } else {
+    for (int64_t j = 0; j < count; j++) sl->samples[j] = base + j;
+  }
+}
+
+// Without the lock: decodes and transforms the claimed samples into the slot's buffers.
+static int fill(Loader *L, Slot *sl) {
+  Batch *b = &sl->batch;
+  for (int j = 0; j < b->count; j++) {
+    if (dataset_load_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed, b->epoch,
+                            b->pixels + (size_t)j * L->sample_bytes, &b->labels[j], &sl->err)) {
+      return error_prefix(&sl->err, "loader: batch %lld of epoch %lld: ", (long long)b->index,
+                          (long long)b->epoch);
+    }
+  }
+  return 0;
+}
+
+static void *worker_main(void *arg) {
+  Loader *L = arg;
+  pthread_mutex_lock(&L->mu);
+  for (;;) {
+    if (L->stop || L->next_claim >= L->total) break;
+    int64_t s = L->next_claim;
+    Slot *sl = &L->slots[s % L->opt.prefetch];
+    if (sl->state != SLOT_FREE) {
+      pthread_cond_wait(&L->slot_freed, &L->mu);
+      continue;
+    }
+    L->next_claim++;
+    claim(L, sl, s);
+    pthread_mutex_unlock(&L->mu);
+    int rc = fill(L, sl);
+    pthread_mutex_lock(&L->mu);
+    sl->state = rc == 0 ? SLOT_READY : SLOT_FAILED;
+    pthread_cond_broadcast(&L->batch_done);
+  }
+  pthread_mutex_unlock(&L->mu);
+  return NULL;
+}
+
+int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Error *err) {
+  *out = NULL;
+  if (opt->batch_size < 1) {
+    return error_set(err, "loader: batch size %d must be >= 1\nHINT: set train.batch_size",
+                     opt->batch_size);
+  }
+  if (opt->workers < 1 || opt->prefetch < 1) {
+    return error_set(err,
+                     "loader: data.workers = %d and data.prefetch = %d must both be >= 1\n"
+                     "HINT: e.g. data.workers=2 data.prefetch=4",
+                     opt->workers, opt->prefetch);
+  }
+  if (opt->world < 1 || opt->rank < 0 || opt->rank >= opt->world) {
+    return error_set(err, "loader: rank %d is outside a world of %d", opt->rank, opt->world);
+  }
+  if (opt->start_epoch < 0 || opt->start_batch < 0) {
+    return error_set(err, "loader: resume position epoch %lld batch %lld is negative",
+                     (long long)opt->start_epoch, (long long)opt->start_batch);
+  }
+  int64_t n = dataset_size(ds), global_batch = (int64_t)opt->batch_size * opt->world;
+  int64_t per_epoch = opt->train ? n / global_batch : (n + global_batch - 1) / global_batch;
+  if (per_epoch == 0) {
+    return error_set(err,
+                     "loader: %s holds fewer samples than one batch of %d x %d ranks; training "
+                     "drops partial batches, so an epoch would be empty\n"
+                     "HINT: lower train.batch_size or raise data.train_limit",
+                     dataset_describe(ds), opt->batch_size, opt->world);
+  }
+
+  Loader *L = calloc_check(1, sizeof *L);
+  L->ds = ds;
+  L->opt = *opt;
+  L->n = n;
+  L->global_batch = global_batch;
+  L->per_epoch = per_epoch;
+  L->sample_bytes = (size_t)dataset_sample_bytes(ds);
+  if (opt->train) {
+    L->first_batch = opt->start_epoch * per_epoch + opt->start_batch;
+    L->total = INT64_MAX;
+    L->perm = malloc_check(sizeof(int64_t) * (size_t)n);
+    L->perm_epoch = -1;
+  } else {
+    L->first_batch = opt->start_batch;
+    L->total = opt->start_batch < per_epoch ? per_epoch - opt->start_batch : 0;
+  }
+  pthread_mutex_init(&L->mu, NULL);
+  pthread_cond_init(&L->slot_freed, NULL);
+  pthread_cond_init(&L->batch_done, NULL);
+
+  L->slots = calloc_check((size_t)opt->prefetch, sizeof(Slot));
+  size_t pixel_bytes = L->sample_bytes * (size_t)opt->batch_size;
+  size_t label_bytes = sizeof(int) * (size_t)opt->batch_size;
+  for (int i = 0; i < opt->prefetch; i++) {
+    Slot *sl = &L->slots[i];
+    sl->state = SLOT_FREE;
+    sl->samples = malloc_check(sizeof(int64_t) * (size_t)opt->batch_size);
+    sl->batch.pixels = buffer_alloc(opt, pixel_bytes);
+    sl->batch.labels = buffer_alloc(opt, label_bytes);
+    if (!sl->batch.pixels || !sl->batch.labels) {
+      error_set(err,
+                "loader: cannot allocate %d batch buffers of %zu bytes\n"
+                "HINT: lower data.prefetch or train.batch_size",
+                opt->prefetch, pixel_bytes + label_bytes);
+      loader_destroy(L);
+      return -1;
+    }
+  }
+  L->threads = calloc_check((size_t)opt->workers, sizeof(pthread_t));
+  for (int i = 0; i < opt->workers; i++) {
+    int rc = pthread_create(&L->threads[i], NULL, worker_main, L);
+    if (rc != 0) {
+      error_set(err, "loader: cannot start worker thread %d of %d: %s\nHINT: lower data.workers",
+                i + 1, opt->workers, strerror(rc));
+      loader_destroy(L);
+      return -1;
+    }
+    L->threads_started++;
+  }
+  *out = L;
+  return 0;
+}
+
+int64_t loader_batches_per_epoch(const Loader *L) {
+  return L->per_epoch;
+}
+
+int loader_next(Loader *L, Batch **batch, Error *err) {
+  *batch = NULL;
+  pthread_mutex_lock(&L->mu);
+  if (L->next_out >= L->total) {
+    pthread_mutex_unlock(&L->mu);
+    return 0;
+  }
+  Slot *sl = &L->slots[L->next_out % L->opt.prefetch];
+  // The slot still holds an earlier batch the caller has not released: no worker can fill it.
+  if (sl->state == SLOT_HELD) {
+    pthread_mutex_unlock(&L->mu);
+    return error_set(err,
+                     "loader_next: all %d prefetch buffers are held by the caller\n"
+                     "HINT: call loader_release_batch on a batch before asking for more than "
+                     "data.prefetch of them",
+                     L->opt.prefetch);
+  }
+  while (sl->seq != L->next_out || (sl->state != SLOT_READY && sl->state != SLOT_FAILED)) {
+    pthread_cond_wait(&L->batch_done, &L->mu);
+  }
+  int rc = 0;
+  if (sl->state == SLOT_FAILED) {
+    // The slot stays failed, so every later call reports the same error.
+    rc = error_set(err, "%s", sl->err.msg);
+  } else {
+    sl->state = SLOT_HELD;
+    L->next_out++;
+    *batch = &sl->batch;
+  }
+  pthread_mutex_unlock(&L->mu);
+  return rc;
+}
+
+void loader_release_batch(Loader *L, Batch *batch) {
+  if (!batch) return;
+  pthread_mutex_lock(&L->mu);
+  for (int i = 0; i < L->opt.prefetch; i++) {
+    Slot *sl = &L->slots[i];
+    if (&sl->batch == batch && sl->state == SLOT_HELD) {
+      sl->state = SLOT_FREE;
+      pthread_cond_broadcast(&L->slot_freed);
+    }
+  }
+  pthread_mutex_unlock(&L->mu);
+}
+
+void loader_destroy(Loader *L) {
+  if (!L) return;
+  pthread_mutex_lock(&L->mu);
+  L->stop = true;
+  pthread_cond_broadcast(&L->slot_freed);
+  pthread_mutex_unlock(&L->mu);
+  // A worker in the middle of a batch finishes it (milliseconds), then sees stop.
+  for (int i = 0; i < L->threads_started; i++) pthread_join(L->threads[i], NULL);
+  for (int i = 0; L->slots && i < L->opt.prefetch; i++) {
+    buffer_release(&L->opt, L->slots[i].batch.pixels);
+    buffer_release(&L->opt, L->slots[i].batch.labels);
+    free(L->slots[i].samples);
+  }
+  free(L->slots);
+  free(L->threads);
+  free(L->perm);
+  pthread_cond_destroy(&L->slot_freed);
+  pthread_cond_destroy(&L->batch_done);
+  pthread_mutex_destroy(&L->mu);
+  free(L);
+}

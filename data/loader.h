@@ -1,0 +1,65 @@
+// loader.h: datasets, augmentation and the threaded batch loader.
+//
+// A Dataset is a list of samples (an image source and a label): Fashion-MNIST from gzipped IDX
+// files, or an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name) decoded with
+// stb_image. Every sample becomes an img_h x img_w x in_chans uint8 image:
+//   train: RandomResizedCrop(scale, ratio) + horizontal flip, every draw from the counter-based
+//          RNG keyed by (seed, epoch, sample index), so results never depend on threads;
+//   eval:  resize so the shorter side is img / crop_pct, then center crop img.
+// The Loader runs `workers` threads that fill a ring of `prefetch` batch buffers ahead of the
+// trainer. Global batch k of epoch e holds samples perm_e[k*G .. (k+1)*G), G = batch_size *
+// world (train: a permutation drawn from (seed, epoch), last partial batch dropped; eval: in
+// order, last batch partial), and rank r takes its contiguous slice [r*batch_size,
+// (r+1)*batch_size) of it (in eval's last batch a rank's slice may be short or empty). Buffers
+// come from an allocator hook, so the CUDA backend can make them page-locked.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "src/config.h"
+#include "src/util.h"
+
+typedef struct Dataset Dataset;
+
+// split: "train" or "val". Errors name the directory or file and hint at the fix.
+int dataset_open(Dataset **ds, const Config *cfg, const char *split, Error *err);
+void dataset_close(Dataset *ds);
+int64_t dataset_size(const Dataset *ds);
+int dataset_num_classes(const Dataset *ds);
+const char *dataset_describe(const Dataset *ds);  // "fashion-mnist train: 60000 images, 10 classes"
+
+// Loads sample i into pixels (img_h, img_w, in_chans) with the train or eval transform.
+// train draws come from (seed, epoch, i). Errors name the image file.
+int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
+                        uint8_t *pixels, int *label, Error *err);
+
+typedef struct {
+  uint8_t *pixels;  // (count, img_h, img_w, in_chans)
+  int *labels;      // (count)
+  int count;        // samples in this batch (eval's last batch may be short)
+  int64_t epoch;    // which epoch and which batch of that epoch this is
+  int64_t index;
+} Batch;
+
+typedef struct {
+  int batch_size;  // per rank
+  bool train;      // shuffle + augment, drop the last partial batch
+  uint64_t seed;
+  int workers, prefetch;
+  int rank, world;
+  int64_t start_epoch, start_batch;  // resume position: the first batch to produce
+  // Buffer allocator (NULL: malloc/free); the CUDA backend passes cudaHostAlloc/cudaFreeHost.
+  void *(*alloc)(size_t bytes);
+  void (*release)(void *ptr);
+} LoaderOptions;
+
+typedef struct Loader Loader;
+
+int loader_create(Loader **loader, const Dataset *ds, const LoaderOptions *opt, Error *err);
+// Batches per epoch for this rank.
+int64_t loader_batches_per_epoch(const Loader *loader);
+// Blocks until the next batch (in order) is ready; returns 0, or -1 with err (e.g. a corrupt
+// image, naming it). The batch stays valid until loader_release_batch.
+int loader_next(Loader *loader, Batch **batch, Error *err);
+void loader_release_batch(Loader *loader, Batch *batch);
+void loader_destroy(Loader *loader);

@@ -1,0 +1,231 @@
+// checkpoint.c: save, load and list checkpoints (format in checkpoint.h).
+#define _POSIX_C_SOURCE 200809L  // fsync, sigaction, mkdir
+#include "src/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "src/config.h"
+#include "src/safetensors.h"
+
+static int make_dir(const char *dir, Error *err) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s", dir);
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      return error_set(err, "cannot create directory '%s': %s", path, strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return error_set(err, "cannot create directory '%s': %s\nHINT: check run_dir", path,
+                     strerror(errno));
+  return 0;
+}
+
+static bool parse_checkpoint_name(const char *name, int64_t *step) {
+  long long s;
+  int n = 0;
+  if (sscanf(name, "ckpt-%lld.safetensors%n", &s, &n) != 1 || name[n] != 0) return false;
+  *step = s;
+  return true;
+}
+
+typedef struct {
+  int64_t step;
+  char *path;
+} Listed;
+
+static int newest_first(const void *a, const void *b) {
+  int64_t x = ((const Listed *)a)->step, y = ((const Listed *)b)->step;
+  return (x < y) - (x > y);
+}
+
+int checkpoint_list(const char *dir, char ***paths) {
+  *paths = NULL;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  Listed *list = NULL;
+  int count = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int64_t step;
+    if (!parse_checkpoint_name(e->d_name, &step)) continue;
+    if (count == cap) {
+      cap = cap ? 2 * cap : 16;
+      list = realloc(list, sizeof(Listed) * (size_t)cap);
+      if (!list) abort();
+    }
+    size_t len = strlen(dir) + strlen(e->d_name) + 2;
+    list[count].step = step;
+    list[count].path = malloc_check(len);
+    snprintf(list[count].path, len, "%s/%s", dir, e->d_name);
+    count++;
+  }
+  closedir(d);
+  qsort(list, (size_t)count, sizeof(Listed), newest_first);
+  *paths = malloc_check(sizeof(char *) * (size_t)(count ? count : 1));
+  for (int i = 0; i < count; i++) (*paths)[i] = list[i].path;
+  free(list);
+  return count;
+}
+
+void checkpoint_list_free(char **paths, int count) {
+  for (int i = 0; i < count; i++) free(paths[i]);
+  free(paths);
+}
+
+int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+                    const TrainState *state, int keep, char *path_out, size_t path_size,
+                    Error *err) {
+  if (make_dir(dir, err) != 0) return -1;
+  char path[1024], value[64];
+  snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", dir, (long long)state->step);
+
+  SafeTensorWriter w;
+  safetensors_writer_init(&w);
+  safetensors_writer_meta(&w, "format", CHECKPOINT_FORMAT);
+  snprintf(value, sizeof value, "%d", CHECKPOINT_VERSION);
+  safetensors_writer_meta(&w, "format_version", value);
+  char *ini = config_to_ini(&m->cfg);
+  safetensors_writer_meta(&w, "config", ini);
+  snprintf(value, sizeof value, "%lld", (long long)state->step);
+  safetensors_writer_meta(&w, "step", value);
+  snprintf(value, sizeof value, "%lld", (long long)state->epoch);
+  safetensors_writer_meta(&w, "epoch", value);
+  snprintf(value, sizeof value, "%lld", (long long)state->batch);
+  safetensors_writer_meta(&w, "batch", value);
+  snprintf(value, sizeof value, "%" PRIu64, state->seed);
+  safetensors_writer_meta(&w, "seed", value);
+  snprintf(value, sizeof value, "%.17g", state->loss_scale);
+  safetensors_writer_meta(&w, "loss_scale", value);
+
+  // Tensor names live as long as the writer: build them in one block.
+  char(*names)[2][128] = malloc_check(sizeof *names * (size_t)m->num_params);
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    safetensors_writer_add(&w, p->name, DTYPE_F32, p->ndim, p->shape, m->weights + p->offset);
+  }
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    snprintf(names[i][0], sizeof names[i][0], "optim.exp_avg.%s", p->name);
+    snprintf(names[i][1], sizeof names[i][1], "optim.exp_avg_sq.%s", p->name);
+    safetensors_writer_add(&w, names[i][0], DTYPE_F32, p->ndim, p->shape, exp_avg + p->offset);
+    safetensors_writer_add(&w, names[i][1], DTYPE_F32, p->ndim, p->shape, exp_avg_sq + p->offset);
+  }
+  int rc = safetensors_writer_save(&w, path, err);
+  safetensors_writer_free(&w);
+  free(names);
+  free(ini);
+  if (rc != 0) return error_prefix(err, "writing checkpoint: ");
+  if (path_out) snprintf(path_out, path_size, "%s", path);
+
+  // Keep the newest `keep`: older ones go only after the new one is safely on disk.
+  char **paths;
+  int count = checkpoint_list(dir, &paths);
+  for (int i = keep; i < count; i++) remove(paths[i]);
+  checkpoint_list_free(paths, count);
+  return 0;
+}
+
+static int meta_int(const SafeTensors *st, const char *key, int64_t *out, Error *err) {
+  const char *v = safetensors_meta_get(st, key);
+  char *end;
+  if (!v) return error_set(err, "checkpoint '%s' has no metadata '%s'", st->path, key);
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end) return error_set(err, "checkpoint '%s': bad %s '%s'", st->path, key, v);
+  *out = x;
+  return 0;
+}
+
+static int copy_tensor(const SafeTensors *st, const char *name, const ParamInfo *p, float *dst,
+                       Error *err) {
+  const SafeTensorEntry *e = safetensors_find(st, name);
+  if (!e) return error_set(err, "checkpoint '%s' lacks tensor '%s'", st->path, name);
+  bool same = e->dtype == DTYPE_F32 && e->ndim == p->ndim;
+  for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
+  if (!same)
+    return error_set(err, "checkpoint '%s': tensor '%s' has the wrong dtype or shape", st->path,
+                     name);
+  memcpy(dst, safetensors_entry_data(st, e), sizeof(float) * (size_t)p->numel);
+  return 0;
+}
+
+int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq,
+                    TrainState *state, Error *err) {
+  SafeTensors st;
+  if (safetensors_read(&st, path, err) != 0) return -1;
+  int rc = -1;
+  float *w = NULL, *ea = NULL, *eas = NULL;
+  const char *format = safetensors_meta_get(&st, "format");
+  const char *version = safetensors_meta_get(&st, "format_version");
+  const char *ini = safetensors_meta_get(&st, "config");
+  if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0 || !version || !ini) {
+    error_set(err, "'%s' is not a swin.c checkpoint (metadata 'format' is missing or wrong)\n"
+                   "HINT: to start from exported or timm weights use init_from= instead of resume=",
+              path);
+    goto done;
+  }
+  if (atoi(version) != CHECKPOINT_VERSION) {
+    error_set(err, "checkpoint '%s' has format version %s; this build reads version %d", path,
+              version, CHECKPOINT_VERSION);
+    goto done;
+  }
+  Config saved;
+  config_defaults(&saved);
+  if (config_load_string(&saved, ini, path, err) != 0) goto done;
+  if (config_same_model(&saved, &m->cfg, err) != 0) {
+    error_prefix(err, "checkpoint '%s' was written for a different model (checkpoint vs config):\n",
+                 path);
+    size_t n = strlen(err->msg);
+    snprintf(err->msg + n, sizeof err->msg - n,
+             "\nHINT: use the model.* keys the checkpoint was trained with, or a new run_dir");
+    goto done;
+  }
+  TrainState s = {0};
+  int64_t seed;
+  if (meta_int(&st, "step", &s.step, err) || meta_int(&st, "epoch", &s.epoch, err) ||
+      meta_int(&st, "batch", &s.batch, err) || meta_int(&st, "seed", &seed, err))
+    goto done;
+  s.seed = (uint64_t)seed;
+  const char *scale = safetensors_meta_get(&st, "loss_scale");
+  s.loss_scale = scale ? atof(scale) : 1.0;
+
+  // Stage into temporaries so a bad tensor leaves the model untouched.
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  w = malloc_check(bytes);
+  ea = malloc_check(bytes);
+  eas = malloc_check(bytes);
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    char name[160];
+    if (copy_tensor(&st, p->name, p, w + p->offset, err)) goto done;
+    snprintf(name, sizeof name, "optim.exp_avg.%s", p->name);
+    if (copy_tensor(&st, name, p, ea + p->offset, err)) goto done;
+    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
+    if (copy_tensor(&st, name, p, eas + p->offset, err)) goto done;
+  }
+  if (st.count != 3 * m->num_params) {
+    error_set(err, "checkpoint '%s' holds %d tensors, the model expects %d", path, st.count,
+              3 * m->num_params);
+    goto done;
+  }
+  memcpy(m->weights, w, bytes);
+  memcpy(exp_avg, ea, bytes);
+  memcpy(exp_avg_sq, eas, bytes);
+  *state = s;
+  rc = 0;
+done:
+  free(w);
+  free(ea);
+  free(eas);
+  safetensors_free(&st);
+  return rc;
+}

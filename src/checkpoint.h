@@ -1,0 +1,38 @@
+// checkpoint.h: one self-describing safetensors file per checkpoint.
+//
+// Tensors: the fp32 master weights under their timm names, the AdamW moments under
+// "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>". Metadata: format and version, the
+// resolved config (INI text), the optimizer step, the data position (epoch and next batch), the
+// seed that keys every counter-based random stream, and the loss scale. Files are named
+// ckpt-<step>.safetensors in the run directory, written atomically (temp file, fsync, rename)
+// with a checksum; the newest `keep` are kept.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/model.h"
+#include "src/util.h"
+
+#define CHECKPOINT_FORMAT "swin.c checkpoint"
+#define CHECKPOINT_VERSION 1
+
+typedef struct {
+  int64_t step;          // optimizer steps completed
+  int64_t epoch, batch;  // data position: the next batch the loader produces
+  uint64_t seed;
+  double loss_scale;
+} TrainState;
+
+// Saves m's weights, the moments exp_avg / exp_avg_sq (num_floats each) and state into
+// dir/ckpt-<step>.safetensors, then deletes all but the newest `keep` checkpoints. path (if not
+// NULL) receives the file written.
+int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
+                    const TrainState *state, int keep, char *path, size_t path_size, Error *err);
+// Loads a checkpoint into m (whose config must describe the same model), the moments and state.
+// Nothing is modified unless the whole file is valid.
+int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq,
+                    TrainState *state, Error *err);
+// Lists dir's checkpoints, newest first; returns how many (0 if none or no dir). Each entry is a
+// malloc'ed path; free with checkpoint_list_free.
+int checkpoint_list(const char *dir, char ***paths);
+void checkpoint_list_free(char **paths, int count);

@@ -1,0 +1,95 @@
+// config.h: the resolved configuration of a run, and the INI parser that fills it.
+//
+// A config file is INI: `key = value` lines, `[section]` headers, `#` or `;` comments. A key's
+// canonical name is "section.key" (model.embed_dim, train.lr, data.workers, ckpt.keep); keys
+// before any section header are top-level (seed, run_dir, resume, init_from, ...). Command-line
+// overrides use the canonical name: `train.lr=1e-3 resume=auto`. Every key is typed, has a
+// documented default and is validated; see config.c's key table, the one place keys are defined.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "src/util.h"
+
+#define CONFIG_MAX_STAGES 8
+#define CONFIG_STR_MAX 512
+
+typedef struct {
+  // top level
+  char run_dir[CONFIG_STR_MAX];    // where checkpoints and metrics.jsonl go
+  char resume[CONFIG_STR_MAX];     // "" (none), "auto", or a checkpoint path
+  char init_from[CONFIG_STR_MAX];  // "" or a safetensors file of timm/official weights
+  uint64_t seed;
+  char device[16];  // "cpu" (the CUDA backend will add "cuda" and "auto")
+  int threads;      // OpenMP threads for CPU kernels, 0 = all cores
+  char precision[8];  // "fp32"
+
+  // [model]
+  int img_h, img_w;  // model.img_size = "32" or "32,48" (H,W)
+  int in_chans;
+  int patch_size;
+  int embed_dim;
+  int num_stages;
+  int depths[CONFIG_MAX_STAGES];
+  int num_heads[CONFIG_MAX_STAGES];
+  int window_size;
+  float mlp_ratio;
+  bool qkv_bias;
+  float drop_path_rate;
+  int num_classes;
+
+  // [train]
+  int batch_size;  // images per step, over all ranks
+  int epochs;
+  int64_t max_steps;   // > 0 overrides epochs
+  float lr;            // peak learning rate (before lr_scale_batch scaling)
+  int lr_scale_batch;  // > 0: lr, min_lr, warmup_lr *= batch_size / lr_scale_batch (official: 512)
+  float min_lr;        // cosine floor
+  float warmup_lr;     // learning rate at step 0 of warmup
+  float warmup_epochs; // linear warmup length, in epochs (fractions allowed)
+  float weight_decay;
+  float beta1, beta2, eps;
+  float clip_grad;  // global-norm clip; 0 = off
+  float label_smoothing;
+  int log_every;    // steps between progress lines / metrics records
+  int eval_every;   // steps between evaluations; 0 = at the end of every epoch
+  int eval_batch_size;
+
+  // [data]
+  char dataset[32];  // "fashion_mnist" or "imagefolder"
+  char path[CONFIG_STR_MAX];
+  int workers;
+  int prefetch;     // batches the loader may run ahead
+  int num_mean;     // channels given in mean/std (1 or in_chans)
+  float mean[4], std[4];
+  float scale_min, scale_max;  // RandomResizedCrop area range
+  float ratio_min, ratio_max;  // RandomResizedCrop aspect range
+  float hflip;                 // probability
+  float crop_pct;              // eval: resize to img / crop_pct, then center crop img
+  int train_limit;  // > 0: use only the first N training samples (tests, quick runs)
+  int val_limit;
+
+  // [ckpt]
+  int ckpt_every;  // steps between checkpoints; 0 = at the end of every epoch
+  int ckpt_keep;   // newest checkpoints kept in run_dir
+} Config;
+
+// Sets every key to its documented default.
+void config_defaults(Config *cfg);
+// Parses an INI file into cfg (which holds defaults or earlier values). Errors name the file,
+// line and key, suggest the closest valid key for an unknown one, and say what was expected.
+int config_load_file(Config *cfg, const char *path, Error *err);
+// Applies one "key=value" override (canonical key name); errors say "command line".
+int config_apply_override(Config *cfg, const char *arg, Error *err);
+// Cross-key checks: heads divide widths, the image tiles into patches and windows at every
+// stage, ranges; each message explains the inconsistency and how to fix it.
+int config_validate(const Config *cfg, Error *err);
+// The resolved config as a table (key, value, default marker) on out.
+void config_print(const Config *cfg, FILE *out);
+// The resolved config as INI text (every key, canonical names), for checkpoint metadata;
+// returns a malloc'ed string. config_load_string parses such text back.
+char *config_to_ini(const Config *cfg);
+int config_load_string(Config *cfg, const char *text, const char *origin, Error *err);
+// Compares the keys that decide the model's shapes (model.*); on a difference fills err with
+// every differing key and both values and returns -1.
+int config_same_model(const Config *a, const Config *b, Error *err);

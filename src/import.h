@@ -1,0 +1,17 @@
+// import.h: weights in and out of swin.c in the layouts the PyTorch ecosystem uses.
+//
+// Export writes a flat timm state dict (timm names, no buffers) as safetensors in f32, bf16 or
+// f16, loadable by timm.create_model(...).load_state_dict(strict=True). Import reads timm-layout
+// or official-layout (downsample at the end of stages 0..2, head.{weight,bias}) safetensors in
+// any of those dtypes; buffers (relative_position_index, attn_mask) are ignored. A different
+// class count replaces the head (kept at its fresh initialization) with a printed notice; a
+// missing, extra or misshapen tensor is an error that names it.
+#pragma once
+#include <stdio.h>
+
+#include "src/model.h"
+#include "src/tensor.h"
+#include "src/util.h"
+
+int import_weights(Model *m, const char *path, FILE *log, Error *err);
+int export_weights(const Model *m, const char *path, DType dtype, Error *err);

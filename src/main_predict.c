@@ -1,0 +1,93 @@
+// swin_predict: logits of a model for a batch of images, for checks against other runtimes.
+//   swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors [CONFIG.ini [key=value ...]]
+// MODEL is a swin.c checkpoint or export (both carry their config), or, with CONFIG given, any
+// timm- or official-layout safetensors (read as init_from reads it). INPUT holds "input", F32
+// (B, H, W, Cin) channels-last, already normalized; OUT receives "logits", F32 (B, classes).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/checkpoint.h"
+#include "src/config.h"
+#include "src/import.h"
+#include "src/model.h"
+#include "src/safetensors.h"
+
+static int config_from_args(Config *cfg, int argc, char **argv, const SafeTensors *model,
+                            Error *err) {
+  config_defaults(cfg);
+  if (argc > 4) {
+    if (config_load_file(cfg, argv[4], err) != 0) return -1;
+    for (int i = 5; i < argc; i++)
+      if (config_apply_override(cfg, argv[i], err) != 0) return -1;
+  } else {
+    const char *ini = safetensors_meta_get(model, "config");
+    if (!ini) ini = safetensors_meta_get(model, "swin.config");
+    if (!ini)
+      return error_set(err, "'%s' carries no config\nHINT: pass the model's CONFIG.ini after OUT",
+                       model->path);
+    if (config_load_string(cfg, ini, model->path, err) != 0) return -1;
+  }
+  return config_validate(cfg, err);
+}
+
+static int predict(int argc, char **argv, Error *err) {
+  SafeTensors model, input;
+  if (safetensors_read(&model, argv[1], err) != 0) return -1;
+  Config cfg;
+  int rc = config_from_args(&cfg, argc, argv, &model, err);
+  const char *format = safetensors_meta_get(&model, "format");
+  bool checkpoint = format && strcmp(format, CHECKPOINT_FORMAT) == 0;
+  safetensors_free(&model);
+  if (rc != 0) return -1;
+  if (safetensors_read(&input, argv[2], err) != 0) return -1;
+  const SafeTensorEntry *e = safetensors_find(&input, "input");
+  if (!e || e->dtype != DTYPE_F32 || e->ndim != 4 || e->shape[1] != cfg.img_h ||
+      e->shape[2] != cfg.img_w || e->shape[3] != cfg.in_chans) {
+    safetensors_free(&input);
+    return error_set(err, "'%s' needs tensor 'input' F32 (B, %d, %d, %d)", argv[2], cfg.img_h,
+                     cfg.img_w, cfg.in_chans);
+  }
+  int B = (int)e->shape[0];
+  Model m;
+  rc = model_create(&m, &cfg, B, err);
+  if (rc == 0) {
+    if (checkpoint) {
+      size_t bytes = sizeof(float) * (size_t)m.num_floats;
+      float *ea = malloc_check(bytes), *eas = malloc_check(bytes);
+      TrainState state;
+      rc = checkpoint_load(argv[1], &m, ea, eas, &state, err);
+      free(ea);
+      free(eas);
+    } else {
+      rc = import_weights(&m, argv[1], NULL, err);
+    }
+  }
+  if (rc == 0) {
+    model_forward(&m, safetensors_entry_data(&input, e), B, false, 0, 0);
+    SafeTensorWriter w;
+    safetensors_writer_init(&w);
+    safetensors_writer_add(&w, "logits", DTYPE_F32, 2, (int64_t[]){B, cfg.num_classes},
+                           m.acts.logits);
+    rc = safetensors_writer_save(&w, argv[3], err);
+    safetensors_writer_free(&w);
+    if (rc == 0) printf("wrote logits (%d, %d) to %s\n", B, cfg.num_classes, argv[3]);
+  }
+  if (m.params) model_destroy(&m);
+  safetensors_free(&input);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors "
+                    "[CONFIG.ini [key=value ...]]\n");
+    return 2;
+  }
+  Error err;
+  if (predict(argc, argv, &err) != 0) {
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 1;
+  }
+  return 0;
+}

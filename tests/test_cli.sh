@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# test_cli.sh BUILD_DIR SOURCE_DIR: swin_train and swin_export as a user meets them: exit codes
+# and messages for bad configs and arguments, and --dry-run's model table and parameter count.
+set -u
+build=$1
+src=$2
+bin=$build/swin_train
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+# expect NAME CODE PATTERN -- COMMAND...: the command exits with CODE and its output (stdout and
+# stderr) contains PATTERN (grep -E).
+expect() {
+  local name=$1 code=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qE -- "$pattern" <<<"$out"; then
+    echo "ok   $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name: exit $rc (want $code), output lacks /$pattern/:"
+    sed 's/^/     | /' <<<"$out" | head -20
+    failed=$((failed + 1))
+  fi
+}
+
+expect "dry-run swin_tiny counts 28,288,354 parameters" 0 "parameters: 28,288,354" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini"
+expect "dry-run prints the stage table" 0 "layers\.3 +7x7 +768 +2 +24 +7x7" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini"
+expect "dry-run prints the resolved config" 0 "model\.embed_dim" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini"
+expect "dry-run of the default config" 0 "parameters:" -- \
+  "$bin" --dry-run "$src/configs/fashion_mnist.ini"
+expect "override changes the model" 0 "model: Swin, image 224x224x3, patch 4, embed 64" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" model.embed_dim=64 model.num_heads=2,4,8,16
+expect "--keys lists every key" 0 "train\.lr" -- "$bin" --keys
+expect "no arguments prints usage" 2 "usage: swin_train" -- "$bin"
+expect "unknown option" 2 "unknown option '--frobnicate'" -- "$bin" --frobnicate x.ini
+expect "missing config file" 1 "nope\.ini" -- "$bin" --dry-run "$tmp/nope.ini"
+
+printf '[model]\nembd_dim = 96\n' >"$tmp/typo.ini"
+expect "unknown key names file:line and suggests" 1 "typo\.ini:2: unknown key 'model\.embd_dim'.*" -- \
+  "$bin" --dry-run "$tmp/typo.ini"
+expect "unknown key hint" 1 "did you mean 'model\.embed_dim'" -- "$bin" --dry-run "$tmp/typo.ini"
+printf '[train]\nlr = fast\n' >"$tmp/badval.ini"
+expect "bad value names key and line" 1 "badval\.ini:2: bad value 'fast' for key 'train\.lr'" -- \
+  "$bin" --dry-run "$tmp/badval.ini"
+expect "bad override names the command line" 1 "command line.*model\.depths" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" model.depths=2,x
+expect "override without =" 1 "key=value" -- "$bin" --dry-run "$src/configs/swin_tiny.ini" train.lr
+expect "heads must divide the width" 1 "num_heads\[1\]" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" model.num_heads=3,5,12,24
+expect "image must tile into patches" 1 "patch_size" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" model.img_size=226
+expect "stage maps must tile into windows" 1 "window" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" model.window_size=6
+expect "precision not implemented yet is rejected" 1 "precision" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" precision=bf16
+expect "missing dataset directory" 1 "data\.path" -- \
+  "$bin" "$src/configs/fashion_mnist.ini" data.path="$tmp/none" run_dir="$tmp/run"
+
+expect "swin_export usage" 2 "usage: swin_export" -- "$build/swin_export"
+expect "swin_export refuses a missing checkpoint" 1 "missing\.safetensors" -- \
+  "$build/swin_export" "$tmp/missing.safetensors" "$tmp/out.safetensors"
+expect "swin_export refuses a bad dtype" 2 "dtype=bf16" -- \
+  "$build/swin_export" a b dtype=f64
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

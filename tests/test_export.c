@@ -1,0 +1,193 @@
+// test_export.c: weights out and in. Export then import is bit-exact in f32 and within the
+// format's precision in bf16/f16; import understands the official layout; a different class
+// count replaces the head with a notice; a missing, extra or misshapen tensor is named.
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "src/import.h"
+#include "src/model.h"
+#include "src/safetensors.h"
+#include "tests/test_util.h"
+
+static char dir[] = "/tmp/swin_test_export_XXXXXX";
+
+static Config small(int classes) {
+  Config c;
+  config_defaults(&c);
+  c.img_h = c.img_w = 16;
+  c.in_chans = 3;
+  c.patch_size = 2;
+  c.embed_dim = 8;
+  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
+  memset(c.num_heads, 0, sizeof c.num_heads);
+  c.num_stages = 2;
+  c.depths[0] = c.depths[1] = 2;
+  c.num_heads[0] = 2, c.num_heads[1] = 4;
+  c.window_size = 4;
+  c.num_classes = classes;
+  return c;
+}
+
+static void make(Model *m, int classes, uint64_t seed) {
+  Config c = small(classes);
+  Error err;
+  if (model_create(m, &c, 0, &err) != 0) {
+    printf("model_create: %s\n", err.msg);
+    exit(1);
+  }
+  model_init_weights(m, seed);
+  TestRng r = {seed};  // non-trivial values everywhere (init leaves biases at 0, LN at 1)
+  test_fill_uniform(&r, m->weights, m->num_floats, -1, 1);
+}
+
+static char *path(const char *name) {
+  static char p[4][256];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+  return p[k];
+}
+
+// Rewrites a safetensors file with one tensor renamed, dropped or reshaped, or one added.
+static void write_variant(const Model *m, const char *file, const char *rename_from,
+                          const char *rename_to, bool add_extra, bool bad_shape) {
+  SafeTensorWriter w;
+  safetensors_writer_init(&w);
+  static float extra[4];
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    const char *name = p->name;
+    int64_t shape[4] = {p->shape[0], p->shape[1], p->shape[2], p->shape[3]};
+    if (rename_from && strcmp(name, rename_from) == 0) {
+      if (!rename_to) continue;  // dropped
+      name = rename_to;
+    }
+    if (bad_shape && strcmp(name, "layers.1.blocks.0.mlp.fc1.weight") == 0) {
+      shape[0] = p->shape[1], shape[1] = p->shape[0];  // transposed
+    }
+    safetensors_writer_add(&w, name, DTYPE_F32, p->ndim, shape, m->weights + p->offset);
+  }
+  if (add_extra) safetensors_writer_add(&w, "layers.9.extra.weight", DTYPE_F32, 1, (int64_t[]){4}, extra);
+  Error err;
+  if (safetensors_writer_save(&w, file, &err) != 0) printf("save: %s\n", err.msg);
+  safetensors_writer_free(&w);
+}
+
+int main(void) {
+  if (!mkdtemp(dir)) return 1;
+  Model a, b;
+  Error err;
+  make(&a, 10, 1);
+  make(&b, 10, 2);
+
+  // f32: bit-exact.
+  test_check(export_weights(&a, path("a_f32.safetensors"), DTYPE_F32, &err) == 0, "export f32");
+  test_check(import_weights(&b, path("a_f32.safetensors"), NULL, &err) == 0, "import f32: %s",
+             err.msg);
+  test_check(memcmp(a.weights, b.weights, sizeof(float) * a.num_floats) == 0,
+             "export then import f32 is bit-exact");
+
+  // bf16 / f16: within half an ulp of the format: 2^-8 (7 stored mantissa bits) and 2^-11
+  // (10 bits) relative per element, with values below 1e-4 measured against 1e-4.
+  struct {
+    DType dtype;
+    double tol;
+  } halfs[] = {{DTYPE_BF16, 1.0 / 256}, {DTYPE_F16, 1.0 / 2048}};
+  for (int i = 0; i < 2; i++) {
+    char *p = path(halfs[i].dtype == DTYPE_BF16 ? "a_bf16.safetensors" : "a_f16.safetensors");
+    test_check(export_weights(&a, p, halfs[i].dtype, &err) == 0, "export %s", dtype_name(halfs[i].dtype));
+    test_check(import_weights(&b, p, NULL, &err) == 0, "import %s", dtype_name(halfs[i].dtype));
+    double worst = 0;
+    for (int64_t j = 0; j < a.num_floats; j++) {
+      double e = fabs((double)b.weights[j] - a.weights[j]) / fmax(fabs(a.weights[j]), 1e-4);
+      if (e > worst) worst = e;
+    }
+    test_check(worst <= halfs[i].tol, "%s round trip: worst element rel err %.2e (tol %.2e)",
+               dtype_name(halfs[i].dtype), worst, halfs[i].tol);
+  }
+
+  // Official layout: downsample at the end of the previous stage, head.{weight,bias}, buffers.
+  {
+    SafeTensorWriter w;
+    safetensors_writer_init(&w);
+    char names[64][128];
+    int n = 0;
+    static int index_buffer[256];
+    for (int i = 0; i < a.num_params; i++) {
+      const ParamInfo *p = &a.params[i];
+      int s, k = 0;
+      if (sscanf(p->name, "layers.%d.downsample.%n", &s, &k) == 1 && k > 0)
+        snprintf(names[n], sizeof names[n], "layers.%d.downsample.%s", s - 1, p->name + k);
+      else if (strncmp(p->name, "head.fc.", 8) == 0)
+        snprintf(names[n], sizeof names[n], "head.%s", p->name + 8);
+      else
+        continue;
+      safetensors_writer_add(&w, names[n++], DTYPE_F32, p->ndim, p->shape, a.weights + p->offset);
+    }
+    for (int i = 0; i < a.num_params; i++) {
+      const ParamInfo *p = &a.params[i];
+      if (strstr(p->name, "downsample") || strncmp(p->name, "head.", 5) == 0) continue;
+      safetensors_writer_add(&w, p->name, DTYPE_F32, p->ndim, p->shape, a.weights + p->offset);
+    }
+    safetensors_writer_add(&w, "layers.0.blocks.0.attn.relative_position_index", DTYPE_I32, 2,
+                           (int64_t[]){16, 16}, index_buffer);
+    safetensors_writer_save(&w, path("official.safetensors"), &err);
+    safetensors_writer_free(&w);
+    memset(b.weights, 0, sizeof(float) * b.num_floats);
+    int rc = import_weights(&b, path("official.safetensors"), NULL, &err);
+    test_check(rc == 0 && memcmp(a.weights, b.weights, sizeof(float) * a.num_floats) == 0,
+               "official layout imports to the same weights%s%s", rc ? ": " : "", rc ? err.msg : "");
+  }
+
+  // Another class count: the head is replaced, with a notice.
+  {
+    Model c;
+    make(&c, 4, 3);
+    float head0 = c.weights[model_find_param(&c, "head.fc.weight")->offset];
+    FILE *log = tmpfile();
+    int rc = import_weights(&c, path("a_f32.safetensors"), log, &err);
+    char text[1024] = {0};
+    rewind(log);
+    fread(text, 1, sizeof text - 1, log);
+    fclose(log);
+    const ParamInfo *pw = model_find_param(&c, "layers.0.blocks.0.mlp.fc1.weight");
+    const ParamInfo *qa = model_find_param(&a, "layers.0.blocks.0.mlp.fc1.weight");
+    test_check(rc == 0 && strstr(text, "freshly initialized for 4 classes") &&
+                   c.weights[model_find_param(&c, "head.fc.weight")->offset] == head0 &&
+                   memcmp(c.weights + pw->offset, a.weights + qa->offset, sizeof(float) * pw->numel) == 0,
+               "num_classes 10 -> 4: body loaded, head kept fresh, notice printed");
+    model_destroy(&c);
+  }
+
+  // Missing, extra, misshapen tensors are named.
+  struct {
+    const char *what, *from, *to;
+    bool extra, shape;
+    const char *expect;
+  } bad[] = {
+      {"missing tensor", "layers.0.blocks.1.norm2.bias", NULL, false, false,
+       "'layers.0.blocks.1.norm2.bias' is missing"},
+      {"extra tensor", NULL, NULL, true, false, "'layers.9.extra.weight' does not exist"},
+      {"misshapen tensor", NULL, NULL, false, true, "'layers.1.blocks.0.mlp.fc1.weight' has shape (16, 64)"},
+  };
+  for (int i = 0; i < 3; i++) {
+    write_variant(&a, path("bad.safetensors"), bad[i].from, bad[i].to, bad[i].extra, bad[i].shape);
+    memcpy(b.weights, a.weights, sizeof(float) * a.num_floats);
+    b.weights[0] += 1;
+    float before = b.weights[0];
+    int rc = import_weights(&b, path("bad.safetensors"), NULL, &err);
+    test_check(rc != 0 && strstr(err.msg, bad[i].expect) && b.weights[0] == before,
+               "%s refused, model untouched: %.150s", bad[i].what, err.msg);
+  }
+  test_check(import_weights(&b, path("none.safetensors"), NULL, &err) != 0 &&
+                 strstr(err.msg, "none.safetensors"),
+             "missing file named: %.100s", err.msg);
+
+  model_destroy(&a);
+  model_destroy(&b);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  system(cmd);
+  return test_finish();
+}

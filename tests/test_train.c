@@ -1,0 +1,286 @@
+// test_train.c: the trainer end to end on a Fashion-MNIST subset: exact resume, thread-count
+// independence of the data loader, refusal of broken checkpoints with the older one still
+// usable, SIGTERM leaving a checkpoint that resumes, and a short run that learns.
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/checkpoint.h"
+#include "src/config.h"
+#include "src/safetensors.h"
+#include "src/train.h"
+#include "tests/test_util.h"
+
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
+static char tmp_root[256];
+
+static Config small_config(const char *run_name) {
+  Config c;
+  config_defaults(&c);
+  snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp_root, run_name);
+  c.img_h = c.img_w = 16;
+  c.in_chans = 1;
+  c.patch_size = 2;
+  c.embed_dim = 16;
+  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
+  memset(c.num_heads, 0, sizeof c.num_heads);
+  c.num_stages = 2;
+  c.depths[0] = 2, c.depths[1] = 2;
+  c.num_heads[0] = 2, c.num_heads[1] = 4;
+  c.window_size = 4;
+  c.drop_path_rate = 0.1f;  // exercises the drop-path random stream across resume
+  c.num_classes = 10;
+  c.batch_size = 32;
+  c.epochs = 1;
+  c.max_steps = 6;
+  c.lr = 1e-3f;
+  c.lr_scale_batch = 0;
+  c.warmup_epochs = 0.1f;
+  c.log_every = 1;
+  c.eval_every = 1000;
+  c.eval_batch_size = 64;
+  snprintf(c.dataset, sizeof c.dataset, "fashion_mnist");
+  snprintf(c.path, sizeof c.path, FASHION_DIR);
+  c.workers = 2;
+  c.num_mean = 1;
+  memset(c.mean, 0, sizeof c.mean);
+  memset(c.std, 0, sizeof c.std);  // lists end at the first 0
+  c.mean[0] = 0.286f;
+  c.std[0] = 0.353f;
+  c.scale_min = 0.5f;
+  c.train_limit = 128;  // 4 batches per epoch: 6 steps cross an epoch boundary
+  c.val_limit = 100;
+  c.ckpt_every = 3;
+  c.ckpt_keep = 5;
+  return c;
+}
+
+static int run(const Config *c) {
+  Config v = *c;
+  Error err;
+  if (config_validate(&v, &err) != 0) {
+    printf("config: %s\n", err.msg);
+    return -1;
+  }
+  int rc = train_run(&v, &err);
+  if (rc != 0) printf("train_run: %s\n", err.msg);
+  return rc;
+}
+
+static char *ckpt_path(const char *run, int step) {
+  static char path[512];
+  snprintf(path, sizeof path, "%s/%s/ckpt-%08d.safetensors", tmp_root, run, step);
+  return path;
+}
+
+// Every tensor of two checkpoints bitwise equal (weights and AdamW moments).
+static bool same_tensors(const char *a, const char *b) {
+  SafeTensors x, y;
+  Error err;
+  if (safetensors_read(&x, a, &err) != 0) return printf("%s\n", err.msg), false;
+  if (safetensors_read(&y, b, &err) != 0) return safetensors_free(&x), printf("%s\n", err.msg), false;
+  bool same = x.count == y.count && x.count > 0;
+  for (int i = 0; same && i < x.count; i++) {
+    const SafeTensorEntry *e = &x.entries[i], *f = safetensors_find(&y, e->name);
+    same = f && e->end - e->begin == f->end - f->begin &&
+           memcmp(safetensors_entry_data(&x, e), safetensors_entry_data(&y, f), e->end - e->begin) == 0;
+    if (!same) printf("     tensor %s differs\n", e->name);
+  }
+  safetensors_free(&x);
+  safetensors_free(&y);
+  return same;
+}
+
+// Training losses by step from run_dir/metrics.jsonl (index = step).
+static int read_losses(const char *run, double *loss, int max) {
+  char path[512], line[512];
+  snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp_root, run);
+  FILE *f = fopen(path, "r");
+  int n = 0;
+  if (!f) return 0;
+  while (fgets(line, sizeof line, f)) {
+    long long step;
+    double l;
+    char *p = strstr(line, "\"loss\": ");
+    if (!p || sscanf(line, "{\"step\": %lld", &step) != 1) continue;
+    l = atof(p + 8);
+    if (step < max) loss[step] = l, n++;
+  }
+  fclose(f);
+  return n;
+}
+
+static void copy_file(const char *from, const char *to) {
+  size_t n;
+  unsigned char *data = read_file(from, &n, NULL);
+  FILE *f = fopen(to, "wb");
+  if (data && f) fwrite(data, 1, n, f);
+  if (f) fclose(f);
+  free(data);
+}
+
+static void test_resume_exact(void) {
+  Config a = small_config("straight");
+  test_check(run(&a) == 0, "straight run of 6 steps");
+  // Resume from the step-3 checkpoint of the same run into a fresh directory.
+  Config b = small_config("resumed");
+  mkdir(b.run_dir, 0755);
+  char from[512];
+  snprintf(from, sizeof from, "%s", ckpt_path("straight", 3));
+  copy_file(from, ckpt_path("resumed", 3));
+  snprintf(b.resume, sizeof b.resume, "auto");
+  test_check(run(&b) == 0, "resumed run from step 3 to 6");
+  test_check(same_tensors(ckpt_path("straight", 6), ckpt_path("resumed", 6)),
+             "resume: final weights and AdamW moments bit-identical to the straight run");
+  double la[8] = {0}, lb[8] = {0};
+  read_losses("straight", la, 8);
+  int n = read_losses("resumed", lb, 8);
+  bool same = n == 3;
+  for (int s = 4; s <= 6; s++) same = same && la[s] == lb[s] && la[s] != 0;
+  test_check(same, "resume: losses of steps 4..6 identical (%.6f %.6f %.6f)", lb[4], lb[5], lb[6]);
+
+  // The same run with 1 and 4 loader workers.
+  Config w1 = small_config("workers1"), w4 = small_config("workers4");
+  w1.workers = 1;
+  w4.workers = 4;
+  w4.prefetch = 7;
+  w1.max_steps = w4.max_steps = 3;
+  w1.ckpt_every = w4.ckpt_every = 3;
+  test_check(run(&w1) == 0 && run(&w4) == 0, "runs with data.workers=1 and 4");
+  test_check(same_tensors(ckpt_path("workers1", 3), ckpt_path("workers4", 3)),
+             "data.workers=1 and 4: bit-identical weights");
+}
+
+static void test_broken_checkpoints(void) {
+  // From the straight run: 3 and 6 exist. Truncate, corrupt, mismatch.
+  char good[512], bad[512];
+  snprintf(good, sizeof good, "%s", ckpt_path("straight", 3));
+  Config c = small_config("broken");
+  mkdir(c.run_dir, 0755);
+  copy_file(good, ckpt_path("broken", 3));
+  snprintf(bad, sizeof bad, "%s", ckpt_path("broken", 6));
+  size_t n;
+  unsigned char *data = read_file(ckpt_path("straight", 6), &n, NULL);
+  FILE *f = fopen(bad, "wb");
+  fwrite(data, 1, n / 2, f);  // truncated
+  fclose(f);
+
+  Config cc = c;
+  config_validate(&cc, NULL);
+  Model m;
+  Error err;
+  model_create(&m, &cc, 0, &err);
+  float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));
+  TrainState st;
+  int rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
+  test_check(rc != 0 && strstr(err.msg, bad), "truncated checkpoint refused, naming it: %.120s",
+             err.msg);
+
+  // One flipped byte in the data section.
+  data[n - 100] ^= 0x40;
+  f = fopen(bad, "wb");
+  fwrite(data, 1, n, f);
+  fclose(f);
+  rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
+  test_check(rc != 0 && strstr(err.msg, "checksum"), "corrupted checkpoint refused: %.120s", err.msg);
+  free(data);
+
+  // A model with another width.
+  Config other = c;
+  other.embed_dim = 24;
+  config_validate(&other, NULL);
+  Model m2;
+  model_create(&m2, &other, 0, &err);
+  float *ea2 = calloc(m2.num_floats, sizeof(float)), *eas2 = calloc(m2.num_floats, sizeof(float));
+  rc = checkpoint_load(good, &m2, ea2, eas2, &st, &err);
+  test_check(rc != 0 && strstr(err.msg, "model.embed_dim"),
+             "checkpoint of another model refused, naming the key: %.160s", err.msg);
+  free(ea2);
+  free(eas2);
+  model_destroy(&m2);
+
+  // The older checkpoint still loads, and resume=auto skips the broken newer one.
+  rc = checkpoint_load(ckpt_path("broken", 3), &m, ea, eas, &st, &err);
+  test_check(rc == 0 && st.step == 3, "the older checkpoint still loads (step %lld)", (long long)st.step);
+  snprintf(c.resume, sizeof c.resume, "auto");
+  test_check(run(&c) == 0, "resume=auto skips the corrupted newest checkpoint");
+  test_check(same_tensors(ckpt_path("straight", 6), ckpt_path("broken", 6)),
+             "... and continues from step 3 to the same weights as the straight run");
+  free(ea);
+  free(eas);
+  model_destroy(&m);
+}
+
+static void test_sigterm(void) {
+  Config c = small_config("sigterm");
+  c.max_steps = 100000;
+  c.ckpt_every = 0;
+  c.train_limit = 2048;
+  mkdir(c.run_dir, 0755);
+  char ini_path[1024], metrics[1024];
+  snprintf(ini_path, sizeof ini_path, "%s/sigterm.ini", tmp_root);
+  snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", c.run_dir);
+  char *ini = config_to_ini(&c);
+  FILE *f = fopen(ini_path, "w");
+  fputs(ini, f);
+  fclose(f);
+  free(ini);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stdout)) _exit(126);
+    execl("./swin_train", "swin_train", ini_path, (char *)NULL);
+    _exit(127);
+  }
+  // Wait until a few steps are logged, then ask it to stop.
+  int lines = 0;
+  for (int waited = 0; waited < 600 && lines < 3; waited++) {
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+    lines = 0;
+    FILE *m = fopen(metrics, "r");
+    char buf[512];
+    while (m && fgets(buf, sizeof buf, m)) lines++;
+    if (m) fclose(m);
+  }
+  kill(pid, SIGTERM);
+  int status;
+  waitpid(pid, &status, 0);
+  test_check(lines >= 3 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+             "SIGTERM mid-run: clean exit 0 after %d logged steps", lines);
+  char **paths;
+  int count = checkpoint_list(c.run_dir, &paths);
+  test_check(count == 1, "SIGTERM left one checkpoint (%s)", count ? paths[0] : "none");
+  if (count == 1) {
+    Config r = c;
+    snprintf(r.resume, sizeof r.resume, "auto");
+    int64_t stopped;
+    sscanf(strrchr(paths[0], '/'), "/ckpt-%ld", &stopped);
+    r.max_steps = stopped + 2;
+    test_check(run(&r) == 0, "resumed after SIGTERM from step %ld", (long)stopped);
+    struct stat sb;
+    char next[1024];
+    snprintf(next, sizeof next, "%s/ckpt-%08ld.safetensors", c.run_dir, (long)(stopped + 2));
+    test_check(stat(next, &sb) == 0, "resumed run reached step %ld", (long)(stopped + 2));
+  }
+  checkpoint_list_free(paths, count);
+}
+
+int main(void) {
+  struct stat sb;
+  if (stat(FASHION_DIR, &sb) != 0) {
+    printf("SKIP: %s not found (apt-get install dataset-fashion-mnist)\n", FASHION_DIR);
+    return 77;
+  }
+  snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_train_XXXXXX");
+  if (!mkdtemp(tmp_root)) return 1;
+  test_resume_exact();
+  test_broken_checkpoints();
+  test_sigterm();
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
+  if (test_stats.failed == 0) system(cmd);
+  return test_finish();
+}
