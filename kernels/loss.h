@@ -8,11 +8,11 @@
 #include <stdint.h>
 
 // Returns the mean loss. dlogits (B, K) = (softmax - target) / B, overwritten (may be NULL).
-// Exactly one of labels (B) and soft_targets (B, K) is non-NULL. Optional correct1/correct5
-// (NULL to skip) get the number of rows whose label is the top-1 / in the top-5 (hard labels).
+// Exactly one of labels (B) and soft_targets (B, K) is non-NULL.
 double cross_entropy_forward_backward_cpu(float *dlogits, const float *logits, const int *labels,
                                           const float *soft_targets, float smoothing, int B,
                                           int K);
-// Counts rows of logits (B, K) whose label is the arg-max (top1) and among the 5 largest (top5).
+// Counts rows of logits (B, K) whose label is the arg-max (top1) and among the 5 largest (top5);
+// ties go to the lower class index, like a first-occurrence argmax.
 void topk_correct_cpu(const float *logits, const int *labels, int B, int K, int *top1,
                       int *top5);

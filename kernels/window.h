@@ -22,8 +22,9 @@ void window_reverse_cpu(float *tokens, const float *windows, int B, int H, int W
 //   index[i][j] = (ri - rj + wh - 1) * (2ww - 1) + (ci - cj + ww - 1).
 void relative_position_index(int *index, int wh, int ww);
 
-// Shift mask (nW, wh*ww, wh*ww): 0 where the two tokens of a shifted window come from the same
-// region of the un-rolled map, -100 where they do not. Regions per dimension are the slices
-// [0, H-wh), [H-wh, H-sh), [H-sh, H) (likewise W), labelled row-region * 3 + column-region;
-// a dimension with shift 0 has one region.
+// Shift mask (nW, wh*ww, wh*ww): 0 where the two tokens of a shifted window belong to the same
+// region, -100 where they do not (tokens the roll brought together from opposite edges). Regions
+// are taken in rolled-map coordinates, as timm does: per dimension the slices [0, H-wh),
+// [H-wh, H-sh), [H-sh, H) (likewise W), labelled row-region * 3 + column-region; a dimension
+// with shift 0 has one region.
 void attention_mask_build(float *mask, int H, int W, int wh, int ww, int sh, int sw);

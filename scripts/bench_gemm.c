@@ -6,7 +6,8 @@
 //   OMP_NUM_THREADS=2 /tmp/bench_gemm          # the standard table
 //   OMP_NUM_THREADS=1 /tmp/bench_gemm 0 1 8192 256 64   # one shape: transA transB M N K
 // Each figure is the best of several runs after a warm-up, so it measures the kernel, not page
-// faults; 2 M N K flops per product.
+// faults or a neighbour's burst on a shared machine; 2 M N K flops per product, and 4 M N K for
+// a layer's backward (dinp and dweight).
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,32 +27,22 @@ static void fill(float *x, int64_t n, uint32_t seed) {
   }
 }
 
-// Repeats run() until about 0.3 s have passed (at least 3 times); returns the best seconds.
-typedef struct {
-  bool ta, tb;
-  int64_t M, N, K;
-  const float *A, *B;
-  float *C;
-  float beta;
-} GemmArgs;
-
-static void run_gemm(const GemmArgs *g) {
-  int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-  gemm_cpu(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->beta, g->C, g->N);
-}
-
-static double best_time_gemm(const GemmArgs *g) {
-  run_gemm(g);
+// Best seconds of one gemm_cpu call over about 0.3 s of repeats (at least 3, after a warm-up).
+static double best_time_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                             const float *B, float beta, float *C) {
+  int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  gemm_cpu(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, N);
   double best = 1e30, start = time_now_s();
   for (int rep = 0; rep < 3 || time_now_s() - start < 0.3; rep++) {
     double t0 = time_now_s();
-    run_gemm(g);
+    gemm_cpu(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, N);
     double t = time_now_s() - t0;
     if (t < best) best = t;
   }
   return best;
 }
 
+// GFLOP/s of gemm_cpu on fresh (M, K) x (K, N) operands in the given layout.
 static double bench_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float beta) {
   float *A = aligned_alloc_check((size_t)(M * K) * sizeof(float));
   float *B = aligned_alloc_check((size_t)(K * N) * sizeof(float));
@@ -59,8 +50,7 @@ static double bench_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
   fill(A, M * K, 1);
   fill(B, K * N, 2);
   fill(C, M * N, 3);
-  GemmArgs g = {ta, tb, M, N, K, A, B, C, beta};
-  double t = best_time_gemm(&g);
+  double t = best_time_gemm(ta, tb, M, N, K, A, B, beta, C);
   free(A);
   free(B);
   free(C);
@@ -138,12 +128,20 @@ int main(int argc, char **argv) {
 
   printf("\nlinear layers: gemm GFLOP/s of the three products, then the whole layer\n");
   printf("  rows    IC    OC |     fwd    dinp      dW |  fwd ms  GFLOP/s |  bwd ms  GFLOP/s\n");
-  static const int shapes[][2] = {{16, 64},   {48, 64},   {64, 192},   {64, 64},    {64, 256},
-                                  {256, 64},  {128, 384}, {128, 128},  {128, 512},  {512, 128},
-                                  {256, 768}, {256, 256}, {256, 1024}, {1024, 256}, {512, 256}};
-  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    bench_linear(8192, shapes[s][0], shapes[s][1]);
-  bench_linear(32768, 64, 256);
-  bench_linear(32768, 256, 64);
+  // configs/fashion_mnist.ini (batch 128, embed 48, 8x8 then 4x4 tokens): patch embedding,
+  // qkv, proj, fc1, fc2 of stage 0; merging, qkv, proj, fc1, fc2 of stage 1; the head.
+  static const int fashion[][3] = {{8192, 16, 48},  {8192, 48, 144}, {8192, 48, 48},
+                                   {8192, 48, 192}, {8192, 192, 48}, {2048, 192, 96},
+                                   {2048, 96, 288}, {2048, 96, 96},  {2048, 96, 384},
+                                   {2048, 384, 96}, {128, 96, 10}};
+  for (size_t s = 0; s < sizeof fashion / sizeof fashion[0]; s++)
+    bench_linear(fashion[s][0], fashion[s][1], fashion[s][2]);
+  printf("\n");
+  // Wider layers (Swin-T-like widths at training batch sizes).
+  static const int wide[][3] = {
+      {8192, 64, 192},  {8192, 64, 256},   {8192, 256, 64},   {8192, 128, 384}, {8192, 128, 512},
+      {8192, 512, 128}, {8192, 256, 1024}, {8192, 1024, 256}, {32768, 64, 256}, {32768, 256, 64}};
+  for (size_t s = 0; s < sizeof wide / sizeof wide[0]; s++)
+    bench_linear(wide[s][0], wide[s][1], wide[s][2]);
   return 0;
 }

@@ -101,7 +101,7 @@ def main():
     if not dropped:
         print("dropped nothing")
     for reason, names in dropped.items():
-        # Summarize repeated per-block names: layers.0.blocks.1.attn_mask -> layers.*.blocks.*.attn_mask
+        # One line per kind: layers.0.blocks.1.attn_mask -> layers.*.blocks.*.attn_mask
         kinds = collections.Counter(re.sub(r"\.\d+\.", ".*.", n) for n in names)
         summary = ", ".join(f"{k} x{c}" if c > 1 else k for k, c in sorted(kinds.items()))
         print(f"dropped {len(names)} ({reason}): {summary}")

@@ -195,9 +195,11 @@ static const ConfigKey config_keys[] = {
     {"data.crop_pct", KEY_FLOAT, "0.875",
      "evaluation: resize to img_size / crop_pct, then center-crop img_size", SCALAR(crop_pct),
      .range = ABOVE_TO(0, 1)},
-    {"data.train_limit", KEY_INT, "0", "> 0: use only the first N training images",
+    {"data.train_limit", KEY_INT, "0",
+     "> 0: use only N training images (Fashion-MNIST: the first N; imagefolder: round-robin "
+     "over the classes)",
      SCALAR(train_limit), .range = AT_LEAST(0)},
-    {"data.val_limit", KEY_INT, "0", "> 0: use only the first N validation images",
+    {"data.val_limit", KEY_INT, "0", "> 0: use only N validation images, chosen like train_limit",
      SCALAR(val_limit), .range = AT_LEAST(0)},
 
     // [ckpt]

@@ -6,9 +6,10 @@
 // then the data section; offsets are relative to its start. The reader checks everything a
 // malformed or hostile file could get wrong (header length, JSON syntax, dtype names, shapes
 // that do not match the byte range, ranges outside the file or overlapping) and reports the file
-// and the entry. Files written here carry metadata "swin.checksum", a 64-bit FNV-1a hash (16 hex
-// digits) of every other metadata key and value and of the data section; the reader verifies it
-// when present, so a flipped byte is refused instead of trained on.
+// and the entry. Files written here carry metadata "swin.checksum" (16 hex digits): FNV-1a 64
+// over 8-byte words of every other metadata key and value, every tensor entry (name, dtype,
+// shape, offsets) and the data section (exact order in safetensors.c). The reader verifies it
+// when present, so a flipped byte anywhere but in the padding is refused instead of trained on.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 // test_attention.c: kernels/cpu/attention.c against window attention written as explicit loops
 // in double (forward and backward), against finite differences of its own forward for qkv and
-// the bias table, and for a bias-table gradient that does not depend on the thread count.
+// the bias table, and for forward results and gradients that do not depend on the thread count.
 // Covers unshifted windows, shifted windows with a mask of nW > 1 windows used by BW = B * nW
 // stacked windows, a rectangular window, and a window equal to a 7x7 map.
 #include <omp.h>
@@ -8,68 +8,6 @@
 #include "kernels/attention.h"
 #include "kernels/window.h"
 #include "tests/test_util.h"
-
-// ---- finite differences -------------------------------------------------------------------
-// The objective is L = sum(out * R) in double for a fixed random R, so dL/dout = R.
-typedef double (*Objective)(void *ctx);
-
-// Error of <grad, xp - xm> against L(xp) - L(xm), with xp, xm = x +- h V for a random
-// direction V. The analytic side uses the perturbation actually stored in fp32, so the
-// rounding of x + hV does not count as error. The error is relative to the larger of
-// |<grad, dx>| and ||grad * dx||_2, the typical size of a random-sign sum of those terms: the
-// inner product alone can cancel by chance, and a wrong gradient still shows up in full
-// (a gradient error e gives ~||e * dx||). x is restored.
-static double fd_directional(Objective f, void *ctx, float *x, const float *grad, int64_t n,
-                             float h, TestRng *rng) {
-  float *x0 = malloc(n * sizeof(float)), *xp = malloc(n * sizeof(float));
-  float *xm = malloc(n * sizeof(float));
-  memcpy(x0, x, n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) {
-    float v = test_rng_uniform(rng, -1.0f, 1.0f);
-    xp[i] = x0[i] + h * v;
-    xm[i] = x0[i] - h * v;
-  }
-  memcpy(x, xp, n * sizeof(float));
-  double lp = f(ctx);
-  memcpy(x, xm, n * sizeof(float));
-  double lm = f(ctx);
-  memcpy(x, x0, n * sizeof(float));
-  double analytic = 0.0, spread = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    double term = (double)grad[i] * ((double)xp[i] - (double)xm[i]);
-    analytic += term;
-    spread += term * term;
-  }
-  free(x0);
-  free(xp);
-  free(xm);
-  return fabs((lp - lm) - analytic) / fmax(fmax(fabs(analytic), sqrt(spread)), 1e-30);
-}
-
-// Largest error over `count` random single elements, each measured against the gradient's RMS
-// (a single element may be near zero, where a relative error means nothing).
-static double fd_elements(Objective f, void *ctx, float *x, const float *grad, int64_t n, float h,
-                          int count, TestRng *rng) {
-  double rms = 0.0;
-  for (int64_t i = 0; i < n; i++) rms += (double)grad[i] * grad[i];
-  rms = sqrt(rms / n);
-  double worst = 0.0;
-  for (int t = 0; t < count; t++) {
-    int64_t i = (int64_t)(test_rng_u64(rng) % (uint64_t)n);
-    float x0 = x[i];
-    x[i] = x0 + h;
-    float xp = x[i];
-    double lp = f(ctx);
-    x[i] = x0 - h;
-    float xm = x[i];
-    double lm = f(ctx);
-    x[i] = x0;
-    double numeric = (lp - lm) / ((double)xp - (double)xm);
-    double err = fabs(numeric - grad[i]) / fmax(fabs(grad[i]), rms);
-    if (!(err <= worst)) worst = err;  // keeps NaN
-  }
-  return worst;
-}
 
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {
@@ -127,6 +65,8 @@ static void attn_forward(AttnCase *c) {
                                c->N, c->C, c->heads);
 }
 
+// The finite-difference objective: L = sum(out * R) in double for a fixed random R, so
+// dL/dout = R.
 static double attn_objective(void *ctx) {
   AttnCase *c = ctx;
   attn_forward(c);
@@ -247,14 +187,14 @@ static void check_shape(TestRng *rng, const AttnShape *s) {
   // near 1e-5 relative; fp32 rounding of L over 2h stays below that: 1e-3 is well above both.
   const float h = 1e-2f;
   double e;
-  e = fd_directional(attn_objective, &c, c.qkv, dqkv, nqkv, h, rng);
+  e = test_fd_directional(attn_objective, &c, c.qkv, dqkv, nqkv, h, rng);
   test_check(e <= 1e-3, "%-48s rel_err %.3e (tol 1.0e-03)", "finite diff <dqkv, V>", e);
-  e = fd_directional(attn_objective, &c, c.table, dtable, ntab, h, rng);
+  e = test_fd_directional(attn_objective, &c, c.table, dtable, ntab, h, rng);
   test_check(e <= 1e-3, "%-48s rel_err %.3e (tol 1.0e-03)", "finite diff <dtable, V>", e);
   // One element moves one window's output (table: one head of all windows): same budget.
-  e = fd_elements(attn_objective, &c, c.qkv, dqkv, nqkv, h, 8, rng);
+  e = test_fd_elements(attn_objective, &c, c.qkv, dqkv, nqkv, h, 8, rng);
   test_check(e <= 1e-3, "%-48s max_err %.3e (tol 1.0e-03)", "finite diff dqkv, 8 elements", e);
-  e = fd_elements(attn_objective, &c, c.table, dtable, ntab, h, 4, rng);
+  e = test_fd_elements(attn_objective, &c, c.table, dtable, ntab, h, 4, rng);
   test_check(e <= 1e-3, "%-48s max_err %.3e (tol 1.0e-03)", "finite diff dtable, 4 elements", e);
 
   free(acc);
@@ -269,12 +209,27 @@ static void check_shape(TestRng *rng, const AttnShape *s) {
 }
 
 // The bias-table gradient sums over all windows: it must be bitwise equal for 1 and 2 threads.
+// The forward (softmax rows summed in a vectorized order) must be as well.
 static void check_thread_independence(TestRng *rng) {
   AttnShape s = {"Swin-T stage 1 windows", 2, 28, 28, 7, 7, 3, 3, 96, 3};
   AttnCase c = attn_case_make(rng, &s);
   int64_t nqkv = (int64_t)c.BW * c.N * 3 * c.C, ntab = (int64_t)c.table_rows * c.heads;
+  int64_t nout = (int64_t)c.BW * c.N * c.C, natt = (int64_t)c.BW * c.heads * c.N * c.N;
   float *dqkv[2], *dtable[2];
+  float *out1 = malloc(nout * sizeof(float)), *att1 = malloc(natt * sizeof(float));
+  omp_set_num_threads(1);
   attn_forward(&c);
+  memcpy(out1, c.out, nout * sizeof(float));
+  memcpy(att1, c.att, natt * sizeof(float));
+  omp_set_num_threads(2);
+  test_poison(c.out, nout);
+  test_poison(c.att, natt);
+  attn_forward(&c);
+  test_check(memcmp(out1, c.out, nout * sizeof(float)) == 0 &&
+                 memcmp(att1, c.att, natt * sizeof(float)) == 0,
+             "forward out, att bitwise equal with 1 and 2 threads (BW=%d)", c.BW);
+  free(out1);
+  free(att1);
   for (int t = 0; t < 2; t++) {
     omp_set_num_threads(t + 1);
     dqkv[t] = malloc(nqkv * sizeof(float));

@@ -80,7 +80,8 @@ static void check_gemm(TestRng *rng, bool ta, bool tb, Shape s, int64_t pad, flo
   float *got = alloc_floats(M * N), *ref = alloc_floats(M * N);
   for (int64_t i = 0; i < M * ldc; i++) C[i] = SENTINEL;
   for (int64_t i = 0; i < M; i++) {
-    // beta == 0 must write C without reading it: NaN there would survive any read.
+    // beta == 0 must write C without reading it: C starts as NaN, which any read (even one
+    // multiplied by 0) would carry into the result.
     if (beta == 0.0f)
       test_poison(C + i * ldc, N);
     else

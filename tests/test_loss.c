@@ -4,68 +4,6 @@
 #include "kernels/loss.h"
 #include "tests/test_util.h"
 
-// ---- finite differences -------------------------------------------------------------------
-// The objective is the mean loss itself (a double), so the gradient is dlogits.
-typedef double (*Objective)(void *ctx);
-
-// Error of <grad, xp - xm> against L(xp) - L(xm), with xp, xm = x +- h V for a random
-// direction V. The analytic side uses the perturbation actually stored in fp32, so the
-// rounding of x + hV does not count as error. The error is relative to the larger of
-// |<grad, dx>| and ||grad * dx||_2, the typical size of a random-sign sum of those terms: the
-// inner product alone can cancel by chance, and a wrong gradient still shows up in full
-// (a gradient error e gives ~||e * dx||). x is restored.
-static double fd_directional(Objective f, void *ctx, float *x, const float *grad, int64_t n,
-                             float h, TestRng *rng) {
-  float *x0 = malloc(n * sizeof(float)), *xp = malloc(n * sizeof(float));
-  float *xm = malloc(n * sizeof(float));
-  memcpy(x0, x, n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) {
-    float v = test_rng_uniform(rng, -1.0f, 1.0f);
-    xp[i] = x0[i] + h * v;
-    xm[i] = x0[i] - h * v;
-  }
-  memcpy(x, xp, n * sizeof(float));
-  double lp = f(ctx);
-  memcpy(x, xm, n * sizeof(float));
-  double lm = f(ctx);
-  memcpy(x, x0, n * sizeof(float));
-  double analytic = 0.0, spread = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    double term = (double)grad[i] * ((double)xp[i] - (double)xm[i]);
-    analytic += term;
-    spread += term * term;
-  }
-  free(x0);
-  free(xp);
-  free(xm);
-  return fabs((lp - lm) - analytic) / fmax(fmax(fabs(analytic), sqrt(spread)), 1e-30);
-}
-
-// Largest error over `count` random single elements, each measured against the gradient's RMS
-// (a single element may be near zero, where a relative error means nothing).
-static double fd_elements(Objective f, void *ctx, float *x, const float *grad, int64_t n, float h,
-                          int count, TestRng *rng) {
-  double rms = 0.0;
-  for (int64_t i = 0; i < n; i++) rms += (double)grad[i] * grad[i];
-  rms = sqrt(rms / n);
-  double worst = 0.0;
-  for (int t = 0; t < count; t++) {
-    int64_t i = (int64_t)(test_rng_u64(rng) % (uint64_t)n);
-    float x0 = x[i];
-    x[i] = x0 + h;
-    float xp = x[i];
-    double lp = f(ctx);
-    x[i] = x0 - h;
-    float xm = x[i];
-    double lm = f(ctx);
-    x[i] = x0;
-    double numeric = (lp - lm) / ((double)xp - (double)xm);
-    double err = fabs(numeric - grad[i]) / fmax(fabs(grad[i]), rms);
-    if (!(err <= worst)) worst = err;  // keeps NaN
-  }
-  return worst;
-}
-
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {
   int B, K;
@@ -74,6 +12,8 @@ typedef struct {
   int *labels;           // (B) or NULL
 } LossCase;
 
+// The finite-difference objective is the mean loss itself (a double), so the gradient is
+// dlogits.
 static double loss_objective(void *ctx) {
   LossCase *c = ctx;
   return cross_entropy_forward_backward_cpu(NULL, c->logits, c->labels, c->soft, c->smoothing, c->B,
@@ -155,9 +95,9 @@ static void check_loss(TestRng *rng, const char *what, int B, int K, float smoot
   // the step is quantized to fp32's 6e-5 spacing, which the helpers account for by using the
   // stored perturbation. 1e-5 tolerance.
   const float h = 1e-3f;
-  e = fd_directional(loss_objective, &c, c.logits, dlogits, n, h, rng);
+  e = test_fd_directional(loss_objective, &c, c.logits, dlogits, n, h, rng);
   test_check(e <= 1e-5, "%-48s rel_err %.3e (tol 1.0e-05)", "finite diff <dlogits, V>", e);
-  e = fd_elements(loss_objective, &c, c.logits, dlogits, n, h, 8, rng);
+  e = test_fd_elements(loss_objective, &c, c.logits, dlogits, n, h, 8, rng);
   test_check(e <= 1e-5, "%-48s max_err %.3e (tol 1.0e-05)", "finite diff dlogits, 8 elements", e);
   free(c.logits);
   free(c.soft);

@@ -84,6 +84,70 @@ static inline int test_close(const char *what, const float *got, const float *wa
   return test_check(e <= tol, "%-48s rel_err %.3e (tol %.1e)", what, e, tol);
 }
 
+// ---- finite differences -------------------------------------------------------------------
+// A scalar objective L(x) in double, evaluated on the current contents of the input it is
+// differentiated against; ctx is the test's case.
+typedef double (*TestObjective)(void *ctx);
+
+// Error of <grad, xp - xm> against L(xp) - L(xm), with xp, xm = x +- h V for a random
+// direction V. The analytic side uses the perturbation actually stored in fp32, so the
+// rounding of x + hV does not count as error. The error is relative to the larger of
+// |<grad, dx>| and ||grad * dx||_2, the typical size of a random-sign sum of those terms: the
+// inner product alone can cancel by chance, and a wrong gradient still shows up in full
+// (a gradient error e gives ~||e * dx||). x (n) and grad (n); x is restored.
+static inline double test_fd_directional(TestObjective f, void *ctx, float *x, const float *grad,
+                                         int64_t n, float h, TestRng *rng) {
+  float *x0 = malloc(n * sizeof(float)), *xp = malloc(n * sizeof(float));
+  float *xm = malloc(n * sizeof(float));
+  memcpy(x0, x, n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) {
+    float v = test_rng_uniform(rng, -1.0f, 1.0f);
+    xp[i] = x0[i] + h * v;
+    xm[i] = x0[i] - h * v;
+  }
+  memcpy(x, xp, n * sizeof(float));
+  double lp = f(ctx);
+  memcpy(x, xm, n * sizeof(float));
+  double lm = f(ctx);
+  memcpy(x, x0, n * sizeof(float));
+  double analytic = 0.0, spread = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double term = (double)grad[i] * ((double)xp[i] - (double)xm[i]);
+    analytic += term;
+    spread += term * term;
+  }
+  free(x0);
+  free(xp);
+  free(xm);
+  return fabs((lp - lm) - analytic) / fmax(fmax(fabs(analytic), sqrt(spread)), 1e-30);
+}
+
+// Largest error over `count` random single elements of x (n), each central difference
+// measured against grad (n) relative to the gradient's RMS (a single element may be near zero,
+// where a relative error means nothing). NaN anywhere is returned as NaN. x is restored.
+static inline double test_fd_elements(TestObjective f, void *ctx, float *x, const float *grad,
+                                      int64_t n, float h, int count, TestRng *rng) {
+  double rms = 0.0;
+  for (int64_t i = 0; i < n; i++) rms += (double)grad[i] * grad[i];
+  rms = sqrt(rms / n);
+  double worst = 0.0;
+  for (int t = 0; t < count; t++) {
+    int64_t i = (int64_t)(test_rng_u64(rng) % (uint64_t)n);
+    float x0 = x[i];
+    x[i] = x0 + h;
+    float xp = x[i];
+    double lp = f(ctx);
+    x[i] = x0 - h;
+    float xm = x[i];
+    double lm = f(ctx);
+    x[i] = x0;
+    double numeric = (lp - lm) / ((double)xp - (double)xm);
+    double err = fabs(numeric - grad[i]) / fmax(fabs(grad[i]), rms);
+    if (!(err <= worst)) worst = err;  // keeps NaN
+  }
+  return worst;
+}
+
 static inline int test_finish(void) {
   printf("%d passed, %d failed\n", test_stats.passed, test_stats.failed);
   return test_stats.failed ? 1 : 0;

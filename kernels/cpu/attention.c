@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/fastmath.h"
 #include "src/util.h"
 
 // Upper bound on the (window, head) chunks of the backward; fixed so results never depend on
@@ -62,11 +63,16 @@ void window_attention_forward_cpu(float *out, float *att, const float *qkv, cons
         for (int j = 0; j < N; j++) s[j] += table[index[i * N + j] * heads + h];
         if (m)
           for (int j = 0; j < N; j++) s[j] += m[i * N + j];
+        // fast_expf is plain arithmetic, so these loops run 8 lanes wide (libm's expf is a call
+        // per element). The simd reductions fix the summation order for a given build, so a row
+        // is the same for any thread count.
         float mx = s[0];
+#pragma omp simd reduction(max : mx)
         for (int j = 1; j < N; j++) mx = s[j] > mx ? s[j] : mx;
         double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j < N; j++) {
-          s[j] = expf(s[j] - mx);
+          s[j] = fast_expf(s[j] - mx);
           sum += s[j];
         }
         float inv = (float)(1.0 / sum);

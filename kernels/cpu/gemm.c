@@ -4,11 +4,18 @@
 // (MC, KC) blocks of MR-high panels, and a micro-kernel keeps an MR x NR tile of C in registers
 // while it streams one panel of each (k-major, contiguous, zero-padded to full width). Packing
 // turns all four transpose cases into the same inner loop and lets edge tiles run the full
-// kernel on zeros. Threads split C into disjoint rectangles, each computed by one thread with its
-// own pack buffers: no races, no barriers, and every element of C is summed in the same order
-// whatever the thread count, so results are bitwise independent of OMP_NUM_THREADS.
+// kernel on zeros. When A is not transposed its rows are already contiguous along k and the
+// kernel reads them in place, which matters when N is small and A is read only a few times.
+// Threads split C into disjoint rectangles, each computed by one thread with its own pack
+// buffers: no races, no barriers, and every element of C is summed in the same order whatever
+// the thread count, so results are bitwise independent of OMP_NUM_THREADS.
+//
+// The linear layer uses two fusions the public gemm_cpu does not expose: the forward adds the
+// bias as C is stored, and the backward sums dout for dbias while it packs dout^T for dweight,
+// so that neither needs another pass over a large activation.
 #include "kernels/gemm.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #ifdef _OPENMP
@@ -54,27 +61,46 @@ static inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Whether the micro-kernel reads full panels of op(A) in place: its rows must be contiguous
+// along k, and row sums need the packed copy.
+static inline bool a_in_place(const GemmProblem *p) {
+  return p->a_cs == 1 && !p->a_row_sums;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packing
 
-// Packs `w` <= W lines of length kc into dst (kc, W): dst[k * W + r] = src[r * r_stride +
-// k * k_stride]. Lines w..W-1 are zero so that edge tiles run the full micro-kernel.
-static inline void pack_panel(float *restrict dst, const float *restrict src, int64_t r_stride,
+// Packs `w` lines of length kc into ceil(w / W) panels of (kc, W), the one holding line l at
+// dst + (l - l % W) * kc: element k of line l, src[l * l_stride + k * k_stride], goes to
+// [k * W + l % W] of its panel. Lines past w in the last panel are zero, so that edge tiles run
+// the full micro-kernel.
+static inline void pack_block(float *restrict dst, const float *restrict src, int64_t l_stride,
                               int64_t k_stride, int64_t w, int W, int64_t kc) {
-  if (w == W && r_stride == 1) {
-    // The panel's lines are contiguous in memory: one row copy per k.
+  int64_t full = w / W * W, tail = w - full;  // lines in full panels, lines in the last one
+  if (l_stride == 1) {
+    // At each k the lines are adjacent in memory: read one contiguous segment per k, in
+    // memory order, and deal it out to the panels.
     for (int64_t k = 0; k < kc; k++) {
       const float *s = src + k * k_stride;
-      for (int r = 0; r < W; r++) dst[k * W + r] = s[r];
+      for (int64_t l = 0; l < full; l += W)
+        for (int r = 0; r < W; r++) dst[l * kc + k * W + r] = s[l + r];
+      if (tail) {
+        float *d = dst + full * kc + k * W;
+        for (int r = 0; r < W; r++) d[r] = r < tail ? s[full + r] : 0.0f;
+      }
     }
     return;
   }
-  for (int64_t r = 0; r < w; r++) {
-    const float *s = src + r * r_stride;
-    for (int64_t k = 0; k < kc; k++) dst[k * W + r] = s[k * k_stride];
+  // Each line is contiguous along k (the transposed layouts): copy it line by line.
+  for (int64_t l = 0; l < w; l++) {
+    const float *s = src + l * l_stride;
+    float *d = dst + (l - l % W) * kc + l % W;
+    for (int64_t k = 0; k < kc; k++) d[k * W] = s[k * k_stride];
   }
-  for (int64_t r = w; r < W; r++)
-    for (int64_t k = 0; k < kc; k++) dst[k * W + r] = 0.0f;
+  for (int64_t l = w; l < full + (tail ? W : 0); l++) {
+    float *d = dst + full * kc + l % W;
+    for (int64_t k = 0; k < kc; k++) d[k * W] = 0.0f;
+  }
 }
 
 // sums (w) += the row sums of a packed (kc, MR) panel, read while it is still in L1. The panel
@@ -95,21 +121,16 @@ static void panel_row_sums(float *sums, const float *panel, int64_t kc, int64_t 
 // += the row sums of that block when not NULL.
 static void pack_a(float *dst, const GemmProblem *p, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
                    float *row_sums) {
-  for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-    const float *src = p->A + (i0 + ir) * p->a_rs + p0 * p->a_cs;
-    int64_t w = min_i64(GEMM_MR, mc - ir);
-    pack_panel(dst + ir * kc, src, p->a_rs, p->a_cs, w, GEMM_MR, kc);
-    if (row_sums) panel_row_sums(row_sums + ir, dst + ir * kc, kc, w);
-  }
+  pack_block(dst, p->A + i0 * p->a_rs + p0 * p->a_cs, p->a_rs, p->a_cs, mc, GEMM_MR, kc);
+  if (row_sums)
+    for (int64_t ir = 0; ir < mc; ir += GEMM_MR)
+      panel_row_sums(row_sums + ir, dst + ir * kc, kc, min_i64(GEMM_MR, mc - ir));
 }
 
 // dst (ceil(nc / NR) panels of (kc, NR)) <- op(B)[p0 : p0 + kc, j0 : j0 + nc]
 static void pack_b(float *dst, const GemmProblem *p, int64_t p0, int64_t kc, int64_t j0,
                    int64_t nc) {
-  for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
-    const float *src = p->B + p0 * p->b_rs + (j0 + jr) * p->b_cs;
-    pack_panel(dst + jr * kc, src, p->b_cs, p->b_rs, min_i64(GEMM_NR, nc - jr), GEMM_NR, kc);
-  }
+  pack_block(dst, p->B + p0 * p->b_rs + j0 * p->b_cs, p->b_cs, p->b_rs, nc, GEMM_NR, kc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,10 +229,9 @@ static void gemm_rect(const GemmProblem *p, int64_t m0, int64_t m1, int64_t n0, 
       pack_b(pb, p, pc, kc, jc, nc);
       for (int64_t ic = m0; ic < m1; ic += GEMM_MC) {
         int64_t mc = min_i64(GEMM_MC, m1 - ic);
-        // When the rows of op(A) are contiguous (A not transposed) the kernel reads full panels
-        // in place; only a last, partial panel is packed, since its missing rows lie outside A.
-        // Row sums are taken from packed panels, by the thread whose rectangle holds column 0.
-        int64_t direct = p->a_cs == 1 && !p->a_row_sums ? mc / GEMM_MR * GEMM_MR : 0;
+        // With op(A) read in place only a last, partial panel is packed, since its missing rows
+        // lie outside A. Row sums are added by the thread whose rectangle holds column 0.
+        int64_t direct = a_in_place(p) ? mc / GEMM_MR * GEMM_MR : 0;
         float *row_sums = p->a_row_sums && jc == 0 ? p->a_row_sums + ic : NULL;
         pack_a(pa, p, ic + direct, mc - direct, pc, kc, row_sums);
         for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
@@ -291,7 +311,7 @@ static void gemm_thread(const GemmProblem *p, int thread, int threads) {
   // products, such as attention's per-window ones, pack on the stack and skip the allocator.
   int64_t kc = min_i64(GEMM_KC, p->K);
   int64_t mc = min_i64(GEMM_MC, ceil_div(m1 - m0, GEMM_MR) * GEMM_MR);
-  if (p->a_cs == 1 && !p->a_row_sums) mc = GEMM_MR;
+  if (a_in_place(p)) mc = GEMM_MR;
   int64_t nc = min_i64(GEMM_NC, ceil_div(n1 - n0, GEMM_NR) * GEMM_NR);
   enum { STACK_FLOATS = 8192 };  // 32 KiB
   float stack[STACK_FLOATS] __attribute__((aligned(64)));

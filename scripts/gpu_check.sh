@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu_check.sh: one run on the GPU machine (torch + timm + onnxruntime there, no registry):
+# build swin.c, run ctest, regenerate the timm fixtures and compare them with the committed ones,
+# run the export / ONNX checks, and measure the PyTorch anchor. Prints a short table last.
+# The stb headers travel in .deps/stb (made by: mkdir -p .deps/stb && cp /usr/include/stb/stb_image*.h .deps/stb/).
+# Usage (repo root): bash scripts/gpu_check.sh [OUT_DIR]
+set -uo pipefail
+out=${1:-${OUT:-/tmp/gpu_check}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+summary=()
+step() {  # step NAME COMMAND...: run, log to $out/NAME.log, record pass/fail and seconds
+  local name=$1
+  shift
+  local t0=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$((SECONDS - t0))s")
+  else summary+=("$name|FAIL (see $name.log)|$((SECONDS - t0))s"); fi
+  tail -5 "$out/$name.log"
+}
+
+step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-I$PWD/.deps/stb && cmake --build build-gpu"
+step ctest ctest --test-dir build-gpu --output-on-failure -j8
+step fixtures bash -c "python3 scripts/make_fixtures.py --out $out/fixtures && for f in tests/fixtures/*.safetensors; do cmp \$f $out/fixtures/\$(basename \$f) && echo \"same bytes: \$f\"; done"
+step export python3 scripts/check_export.py --build build-gpu --work /tmp/check_export
+step anchor python3 scripts/anchor_pytorch.py swin_tiny_patch4_window7_224 128 bf16 bf16c
+
+echo
+echo "== gpu_check summary =="
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+grep -h '^{' "$out/anchor.log" 2>/dev/null | python3 -c 'import sys,json
+for l in sys.stdin:
+    r=json.loads(l); print(f"anchor {r[\"mode\"]:6s} {r[\"img_s\"]:8.1f} img/s  {r[\"ms_per_step\"]:7.2f} ms/step  peak {r[\"peak_gib\"]} GiB")'
+grep -E "tests passed|tests failed" "$out/ctest.log"
+printf '%s\n' "${summary[@]}" | column -t -s'|'
