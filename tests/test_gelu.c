@@ -71,11 +71,9 @@ static GeluErr gelu_errors(const float *x, int64_t n, int relative) {
 static void report(const char *what, GeluErr e, double tol) {
   char name[64];
   snprintf(name, sizeof name, "%s forward", what);
-  test_check(e.fwd <= tol, "%-48s max err %.3e at x = %.9g (tol %.1e)", name, e.fwd, e.fwd_at,
-             tol);
+  test_check(e.fwd <= tol, "%-48s max err %.3e at x = %.9g (tol %.1e)", name, e.fwd, e.fwd_at, tol);
   snprintf(name, sizeof name, "%s GELU'", what);
-  test_check(e.bwd <= tol, "%-48s max err %.3e at x = %.9g (tol %.1e)", name, e.bwd, e.bwd_at,
-             tol);
+  test_check(e.bwd <= tol, "%-48s max err %.3e at x = %.9g (tol %.1e)", name, e.bwd, e.bwd_at, tol);
 }
 
 // ---- checks -------------------------------------------------------------------------------
@@ -125,7 +123,7 @@ static void check_elementwise(TestRng *rng) {
 // its scalar remainder see it. Finite ones meet the contract; non-finite ones give what the
 // double formula gives: GELU(+inf) = +inf, NaN otherwise.
 static void check_edges(void) {
-  const float edge[] = {0.0f,  -0.0f, 1e-8f, -1e-8f, 5.0f,     -5.0f,     10.0f, -10.0f,
+  const float edge[] = {0.0f,  -0.0f,  1e-8f,  -1e-8f,  5.0f,     -5.0f,     10.0f, -10.0f,
                         20.0f, -20.0f, 100.0f, -100.0f, INFINITY, -INFINITY, NAN};
   const int ne = sizeof edge / sizeof edge[0], n = 37;
   float x[37];

@@ -65,7 +65,8 @@ void window_attention_forward_cpu(float *out, float *att, const float *qkv, cons
           for (int j = 0; j < N; j++) s[j] += m[i * N + j];
         // fast_expf is plain arithmetic, so these loops run 8 lanes wide (libm's expf is a call
         // per element). The simd reductions fix the summation order for a given build, so a row
-        // is the same for any thread count.
+        // is the same for any thread count. Scores more than 87 below the row max (masked pairs
+        // sit at -100) give exactly 0, not a subnormal that would slow down the backward.
         float mx = s[0];
 #pragma omp simd reduction(max : mx)
         for (int j = 1; j < N; j++) mx = s[j] > mx ? s[j] : mx;

@@ -1,8 +1,8 @@
 // fastmath.h: fp32 exp, normal density and normal CDF as static inline functions that gcc
 // vectorizes (AVX2 + FMA at -O3 -march=native, without -ffast-math) inside plain loops.
 //
-// libm's expf / erff are calls the vectorizer cannot inline, so a loop that uses them runs one
-// element at a time. These are written only with +, *, fma, division, compares that become
+// Without -ffast-math, libm's expf / erff stay calls, so a loop that uses them runs one element
+// at a time. These are written only with +, *, fma, division, compares that become
 // blends, and integer bit operations on the float representation; nothing calls libm.
 //
 // Accuracy (measured by tests/test_fastmath.c against double):
@@ -61,12 +61,12 @@ static inline float fastmath_select(int cond, float a, float b) {
 // the fp32 values inside [ln(FLT_MIN), ln(FLT_MAX)]. Outside, the result is selected instead:
 // 0 below, and s + inf above, which is +inf for large s and NaN for NaN.
 static inline float fastmath_exp_sum(float hi, float lo) {
-  const float EXP_MIN = -0x1.5d589ep+6f;     // -87.33654: exp is just above FLT_MIN
-  const float EXP_MAX = 0x1.62e42ep+6f;      // 88.72283: largest x with exp(x) < FLT_MAX
-  const float LOG2E = 0x1.715476p+0f;        // 1 / ln 2
-  const float LN2_HI = 0x1.62e4p-1f;         // ln 2 rounded to 16 bits
-  const float LN2_LO = 0x1.7f7d1cp-20f;      // ln 2 - LN2_HI
-  const float ROUND_SHIFT = 0x1.8p+23f;      // 1.5 * 2^23: adding it rounds to an integer
+  const float EXP_MIN = -0x1.5d589ep+6f;  // -87.33654: exp is just above FLT_MIN
+  const float EXP_MAX = 0x1.62e42ep+6f;   // 88.72283: largest x with exp(x) < FLT_MAX
+  const float LOG2E = 0x1.715476p+0f;     // 1 / ln 2
+  const float LN2_HI = 0x1.62e4p-1f;      // ln 2 rounded to 16 bits
+  const float LN2_LO = 0x1.7f7d1cp-20f;   // ln 2 - LN2_HI
+  const float ROUND_SHIFT = 0x1.8p+23f;   // 1.5 * 2^23: adding it rounds to an integer
   float s = hi + lo;
   // t's low mantissa bits hold round(s / ln2) as a two's-complement integer (|s / ln2| < 2^22
   // wherever the result is used).
@@ -99,8 +99,8 @@ static inline float fastmath_abs_clamped(float x) {
   return fastmath_select(a > 13.5f, 13.5f, a);
 }
 
-// exp(-a^2 / 2) with a^2 formed exactly: fp32 a * a is off by up to 3e-6 absolute at a^2 ~ 87,
-// which would be a 3e-6 relative error in the result. a = ah + al with ah = a cut to 12
+// exp(-a^2 / 2) with a^2 formed exactly: fp32 a * a is off by up to 8e-6 at a^2 ~ 170, which
+// would be a 4e-6 relative error in the result. a = ah + al with ah = a cut to 12
 // significant bits, so ah^2 is exact and a^2 = ah^2 + al (a + ah).
 static inline float fastmath_gauss(float a) {
   float ah = fastmath_from_bits(fastmath_bits(a) & 0xfffff000u);
@@ -112,7 +112,7 @@ static inline float fastmath_gauss(float a) {
 // Phi(-a) / exp(-a^2 / 2) for a in [0, 13.5]: the normal tail without its Gaussian factor, a
 // slowly varying function (0.5 at a = 0, ~1 / (a sqrt(2 pi)) for large a). It is fitted as
 // t Q(t), t = 1 / (1 + 0.3 a) in (0.198, 1], Q of degree 9 (near-minimax in relative error,
-// fit error 1.5e-8 with the fp32 coefficients). This is erfc(a / sqrt 2) / 2 in the form
+// fit error 4e-9 with the fp32 coefficients). This is erfc(a / sqrt 2) / 2 in the form
 // t exp(-z^2 + P(t)) of the classical Chebyshev erfc fits, with the exp taken out so that it
 // is computed once, precisely, in fastmath_gauss.
 static inline float fastmath_normal_tail_ratio(float a) {
