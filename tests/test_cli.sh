@@ -70,5 +70,10 @@ expect "swin_export refuses a missing checkpoint" 1 "missing\.safetensors" -- \
 expect "swin_export refuses a bad dtype" 2 "dtype=bf16" -- \
   "$build/swin_export" a b dtype=f64
 
+# The README's key reference is the program's own.
+readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
+expect "README key reference matches swin_train --keys" 0 "^same$" -- \
+  bash -c '[ "$1" = "$2" ] && echo same || diff <(echo "$1") <(echo "$2")' _ "$readme_keys" "$("$bin" --keys)"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
