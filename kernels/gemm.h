@@ -3,8 +3,10 @@
 // gemm_cpu computes C = alpha * op(A) op(B) + beta * C on row-major matrices, where op(A) is
 // (M, K) and op(B) is (K, N). A is stored (M, K) with row stride lda, or (K, M) when transA;
 // B is stored (K, N) with row stride ldb, or (N, K) when transB. beta == 0 means C is written
-// without being read (it may hold NaN). Cache-blocked with packed panels and a register-tiled
-// micro-kernel the compiler vectorizes; parallel over output tiles with OpenMP; no external BLAS.
+// without being read (it may hold NaN). Cache-blocked with packed panels and a 6x16 register-
+// tiled micro-kernel (AVX2 FMA intrinsics, a plain-C fallback without AVX2); each thread owns a
+// rectangle of C and sums in a fixed order, so results do not depend on the thread count; no
+// external BLAS.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,6 +20,7 @@ void gemm_cpu(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float a
 void linear_forward_cpu(float *out, const float *inp, const float *weight, const float *bias,
                         int64_t N, int IC, int OC);
 // dinp (N, IC) is overwritten (skipped when NULL); dweight (OC, IC) and dbias (OC) are
-// accumulated (+=), since parameter gradients are summed over a step; dbias may be NULL.
+// accumulated (+=), since parameter gradients are summed over a step; dbias may be NULL
+// (it is summed while dout is packed for the dweight product, so dweight must not be NULL).
 void linear_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout,
                          const float *inp, const float *weight, int64_t N, int IC, int OC);
