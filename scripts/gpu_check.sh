@@ -27,8 +27,12 @@ step anchor python3 scripts/anchor_pytorch.py swin_tiny_patch4_window7_224 128 b
 echo
 echo "== gpu_check summary =="
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
-grep -h '^{' "$out/anchor.log" 2>/dev/null | python3 -c 'import sys,json
-for l in sys.stdin:
-    r=json.loads(l); print(f"anchor {r[\"mode\"]:6s} {r[\"img_s\"]:8.1f} img/s  {r[\"ms_per_step\"]:7.2f} ms/step  peak {r[\"peak_gib\"]} GiB")'
+python3 - "$out/anchor.log" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(f"anchor {r['mode']:6s} {r['img_s']:8.1f} img/s  {r['ms_per_step']:7.2f} ms/step  peak {r['peak_gib']} GiB")
+PY
 grep -E "tests passed|tests failed" "$out/ctest.log"
-printf '%s\n' "${summary[@]}" | column -t -s'|'
+printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-10s %-28s %s\n", $1, $2, $3}'
