@@ -13,11 +13,11 @@
 
 // att (BW, heads, N, N) written with the softmax probabilities.
 void window_attention_forward_cpu(float *out, float *att, const float *qkv, const float *table,
-                                  const int *index, const float *mask, int BW, int nW, int N,
-                                  int C, int heads);
+                                  const int *index, const float *mask, int BW, int nW, int N, int C,
+                                  int heads);
 // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K * scale;
 // dK = dS^T Q * scale; dtable[index[i][j]][h] += sum over windows of dS[i][j].
 // dqkv (BW, N, 3C) overwritten; dtable accumulated (+=).
-void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout,
-                                   const float *qkv, const float *att, const int *index, int BW,
-                                   int N, int C, int heads);
+void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout, const float *qkv,
+                                   const float *att, const int *index, int BW, int N, int C,
+                                   int heads);

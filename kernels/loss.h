@@ -10,9 +10,7 @@
 // Returns the mean loss. dlogits (B, K) = (softmax - target) / B, overwritten (may be NULL).
 // Exactly one of labels (B) and soft_targets (B, K) is non-NULL.
 double cross_entropy_forward_backward_cpu(float *dlogits, const float *logits, const int *labels,
-                                          const float *soft_targets, float smoothing, int B,
-                                          int K);
+                                          const float *soft_targets, float smoothing, int B, int K);
 // Counts rows of logits (B, K) whose label is the arg-max (top1) and among the 5 largest (top5);
 // ties go to the lower class index, like a first-occurrence argmax.
-void topk_correct_cpu(const float *logits, const int *labels, int B, int K, int *top1,
-                      int *top5);
+void topk_correct_cpu(const float *logits, const int *labels, int B, int K, int *top1, int *top5);

@@ -13,8 +13,7 @@ void residual_forward_cpu(float *out, const float *x, const float *branch, const
                           int B, int64_t L);
 // dbranch = scale[b] * dout (overwritten); the gradient to x is dout itself. dbranch may
 // alias dout.
-void residual_backward_cpu(float *dbranch, const float *dout, const float *scale, int B,
-                           int64_t L);
+void residual_backward_cpu(float *dbranch, const float *dout, const float *scale, int B, int64_t L);
 
 // out (B, C) = mean over L tokens of inp (B, L, C).
 void mean_pool_forward_cpu(float *out, const float *inp, int B, int L, int C);

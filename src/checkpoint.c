@@ -140,7 +140,8 @@ static int meta_int(const SafeTensors *st, const char *key, int64_t *out, Error 
   if (!v) return error_set(err, "checkpoint '%s' has no metadata '%s'", st->path, key);
   errno = 0;
   long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end) return error_set(err, "checkpoint '%s': bad %s '%s'", st->path, key, v);
+  if (errno || end == v || *end)
+    return error_set(err, "checkpoint '%s': bad %s '%s'", st->path, key, v);
   *out = x;
   return 0;
 }
@@ -168,8 +169,9 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
   const char *version = safetensors_meta_get(&st, "format_version");
   const char *ini = safetensors_meta_get(&st, "config");
   if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0 || !version || !ini) {
-    error_set(err, "'%s' is not a swin.c checkpoint (metadata 'format' is missing or wrong)\n"
-                   "HINT: to start from exported or timm weights use init_from= instead of resume=",
+    error_set(err,
+              "'%s' is not a swin.c checkpoint (metadata 'format' is missing or wrong)\n"
+              "HINT: to start from exported or timm weights use init_from= instead of resume=",
               path);
     goto done;
   }

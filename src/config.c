@@ -1062,8 +1062,9 @@ static int validate_data_and_train(const Config *c, Error *err) {
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)
-    return error_set(err, "train.min_lr %g is above the peak train.lr %g\n"
-                          "HINT: lower train.min_lr or raise train.lr",
+    return error_set(err,
+                     "train.min_lr %g is above the peak train.lr %g\n"
+                     "HINT: lower train.min_lr or raise train.lr",
                      (double)c->min_lr, (double)c->lr);
   return 0;
 }

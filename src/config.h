@@ -20,8 +20,8 @@ typedef struct {
   char resume[CONFIG_STR_MAX];     // "" (none), "auto", or a checkpoint path
   char init_from[CONFIG_STR_MAX];  // "" or a safetensors file of timm/official weights
   uint64_t seed;
-  char device[16];  // "cpu" (the CUDA backend will add "cuda" and "auto")
-  int threads;      // OpenMP threads for CPU kernels, 0 = all cores
+  char device[16];    // "cpu" (the CUDA backend will add "cuda" and "auto")
+  int threads;        // OpenMP threads for CPU kernels, 0 = all cores
   char precision[8];  // "fp32"
 
   // [model]
@@ -41,32 +41,32 @@ typedef struct {
   // [train]
   int batch_size;  // images per step, over all ranks
   int epochs;
-  int64_t max_steps;   // > 0 overrides epochs
-  float lr;            // peak learning rate (before lr_scale_batch scaling)
-  int lr_scale_batch;  // > 0: lr, min_lr, warmup_lr *= batch_size / lr_scale_batch (official: 512)
-  float min_lr;        // cosine floor
-  float warmup_lr;     // learning rate at step 0 of warmup
-  float warmup_epochs; // linear warmup length, in epochs (fractions allowed)
+  int64_t max_steps;    // > 0 overrides epochs
+  float lr;             // peak learning rate (before lr_scale_batch scaling)
+  int lr_scale_batch;   // > 0: lr, min_lr, warmup_lr *= batch_size / lr_scale_batch (official: 512)
+  float min_lr;         // cosine floor
+  float warmup_lr;      // learning rate at step 0 of warmup
+  float warmup_epochs;  // linear warmup length, in epochs (fractions allowed)
   float weight_decay;
   float beta1, beta2, eps;
   float clip_grad;  // global-norm clip; 0 = off
   float label_smoothing;
-  int log_every;    // steps between progress lines / metrics records
-  int eval_every;   // steps between evaluations; 0 = at the end of every epoch
+  int log_every;   // steps between progress lines / metrics records
+  int eval_every;  // steps between evaluations; 0 = at the end of every epoch
   int eval_batch_size;
 
   // [data]
   char dataset[32];  // "fashion_mnist" or "imagefolder"
   char path[CONFIG_STR_MAX];
   int workers;
-  int prefetch;     // batches the loader may run ahead
-  int num_mean;     // channels given in mean/std (1 or in_chans)
+  int prefetch;  // batches the loader may run ahead
+  int num_mean;  // channels given in mean/std (1 or in_chans)
   float mean[4], std[4];
   float scale_min, scale_max;  // RandomResizedCrop area range
   float ratio_min, ratio_max;  // RandomResizedCrop aspect range
   float hflip;                 // probability
   float crop_pct;              // eval: resize to img / crop_pct, then center crop img
-  int train_limit;  // > 0: use only the first N training samples (tests, quick runs)
+  int train_limit;             // > 0: use only the first N training samples (tests, quick runs)
   int val_limit;
 
   // [ckpt]

@@ -33,7 +33,8 @@ static void shape_text(char *buf, size_t size, int ndim, const int64_t *shape) {
 
 static void convert_to_f32(float *dst, const void *src, DType dtype, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    if (dtype == DTYPE_F32) memcpy(&dst[i], (const char *)src + 4 * i, 4);
+    if (dtype == DTYPE_F32)
+      memcpy(&dst[i], (const char *)src + 4 * i, 4);
     else {
       uint16_t h;
       memcpy(&h, (const char *)src + 2 * i, 2);
@@ -55,12 +56,15 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
     const SafeTensorEntry *e = &st.entries[i];
     if (is_buffer(e->name)) continue;
     char name[256];
-    if (official) official_to_timm(e->name, name, sizeof name);
-    else snprintf(name, sizeof name, "%s", e->name);
+    if (official)
+      official_to_timm(e->name, name, sizeof name);
+    else
+      snprintf(name, sizeof name, "%s", e->name);
     const ParamInfo *p = model_find_param(m, name);
     if (!p) {
-      error_set(err, "init_from '%s': tensor '%s' does not exist in this model\n"
-                     "HINT: the file is for another architecture; compare its model.* settings",
+      error_set(err,
+                "init_from '%s': tensor '%s' does not exist in this model\n"
+                "HINT: the file is for another architecture; compare its model.* settings",
                 path, e->name);
       goto done;
     }
@@ -83,8 +87,9 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
         seen[p - m->params] = true;
         continue;
       }
-      error_set(err, "init_from '%s': tensor '%s' has shape %s, this model expects %s\n"
-                     "HINT: check model.* (embed_dim, depths, num_heads, window_size, img_size)",
+      error_set(err,
+                "init_from '%s': tensor '%s' has shape %s, this model expects %s\n"
+                "HINT: check model.* (embed_dim, depths, num_heads, window_size, img_size)",
                 path, e->name, got, want);
       goto done;
     }
@@ -101,8 +106,10 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   if (log) {
     fprintf(log, "init_from: loaded %s (%s layout)\n", path, official ? "official" : "timm");
     if (new_head)
-      fprintf(log, "init_from: notice: the file's head has another class count; head.fc is "
-                   "freshly initialized for %d classes\n", m->cfg.num_classes);
+      fprintf(log,
+              "init_from: notice: the file's head has another class count; head.fc is "
+              "freshly initialized for %d classes\n",
+              m->cfg.num_classes);
   }
   rc = 0;
 done:
@@ -119,7 +126,8 @@ int export_weights(const Model *m, const char *path, DType dtype, Error *err) {
   unsigned char *data = malloc_check(esize * (size_t)m->num_floats);
   for (int64_t i = 0; i < m->num_floats; i++) {
     float x = m->weights[i];
-    if (dtype == DTYPE_F32) memcpy(data + 4 * i, &x, 4);
+    if (dtype == DTYPE_F32)
+      memcpy(data + 4 * i, &x, 4);
     else {
       uint16_t h = dtype == DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
       memcpy(data + 2 * i, &h, 2);

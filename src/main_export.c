@@ -43,9 +43,12 @@ int main(int argc, char **argv) {
   DType dtype = DTYPE_F32;
   if (argc == 4) {
     const char *d = argv[3];
-    if (strcmp(d, "dtype=f32") == 0) dtype = DTYPE_F32;
-    else if (strcmp(d, "dtype=bf16") == 0) dtype = DTYPE_BF16;
-    else if (strcmp(d, "dtype=f16") == 0) dtype = DTYPE_F16;
+    if (strcmp(d, "dtype=f32") == 0)
+      dtype = DTYPE_F32;
+    else if (strcmp(d, "dtype=bf16") == 0)
+      dtype = DTYPE_BF16;
+    else if (strcmp(d, "dtype=f16") == 0)
+      dtype = DTYPE_F16;
     else {
       fprintf(stderr, "error: bad argument '%s'\nHINT: dtype=f32, dtype=bf16 or dtype=f16\n", d);
       return 2;
@@ -58,8 +61,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: %s\n", err.msg);
     return 1;
   }
-  printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params,
-         (long long)m.num_floats, dtype_name(dtype), argv[2]);
+  printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params, (long long)m.num_floats,
+         dtype_name(dtype), argv[2]);
   model_destroy(&m);
   return 0;
 }

@@ -80,8 +80,9 @@ static int predict(int argc, char **argv, Error *err) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors "
-                    "[CONFIG.ini [key=value ...]]\n");
+    fprintf(stderr,
+            "usage: swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors "
+            "[CONFIG.ini [key=value ...]]\n");
     return 2;
   }
   Error err;

@@ -21,7 +21,9 @@
 // ---------------------------------------------------------------------------------------------
 // Geometry
 
-static int min_int(int a, int b) { return a < b ? a : b; }
+static int min_int(int a, int b) {
+  return a < b ? a : b;
+}
 
 static void build_geometry(Model *m) {
   const Config *c = &m->cfg;
@@ -60,12 +62,13 @@ static void build_geometry(Model *m) {
   // Stochastic depth rate grows linearly over all blocks: linspace(0, rate, num_blocks).
   m->block_drop = malloc_check(sizeof(float) * (size_t)(m->num_blocks ? m->num_blocks : 1));
   for (int i = 0; i < m->num_blocks; i++)
-    m->block_drop[i] = m->num_blocks > 1
-                           ? (float)((double)c->drop_path_rate * i / (m->num_blocks - 1))
-                           : 0.0f;
+    m->block_drop[i] =
+        m->num_blocks > 1 ? (float)((double)c->drop_path_rate * i / (m->num_blocks - 1)) : 0.0f;
 }
 
-static bool block_is_shifted(const StageGeom *g, int j) { return (j % 2 == 1) && (g->sh || g->sw); }
+static bool block_is_shifted(const StageGeom *g, int j) {
+  return (j % 2 == 1) && (g->sh || g->sw);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Parameters: one walk over the model in forward order defines the table (names, shapes, decay)
@@ -79,8 +82,8 @@ typedef struct {
   int64_t offset;
 } ParamWalk;
 
-static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt,
-                    ...) __attribute__((format(printf, 5, 6)));
+static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt,
                     ...) {
   int64_t numel = 1;
@@ -292,7 +295,8 @@ void model_init_weights(Model *m, uint64_t seed) {
     Rng r = rng_make(seed, RNG_STREAM_INIT, (uint64_t)i, 0);
     if (strncmp(p->name, "patch_embed.proj.", 17) == 0) {
       double bound = 1.0 / sqrt((double)m->patch_dim);
-      for (int64_t j = 0; j < p->numel; j++) x[j] = (float)((2.0 * rng_uniform_double(&r) - 1.0) * bound);
+      for (int64_t j = 0; j < p->numel; j++)
+        x[j] = (float)((2.0 * rng_uniform_double(&r) - 1.0) * bound);
     } else if (strstr(p->name, "norm")) {
       float v = ends_with(p->name, ".weight") ? 1.0f : 0.0f;
       for (int64_t j = 0; j < p->numel; j++) x[j] = v;
@@ -425,8 +429,8 @@ static void block_backward(Model *m, int s, int j, int B) {
   linear_backward_cpu(x->dbig, gw->fc2_w, gw->fc2_b, x->dtmp, a->gelu, w->fc2_w, BL, g->hidden, C);
   gelu_backward_cpu(x->dbig, a->fc1, x->dbig, BL * g->hidden);
   linear_backward_cpu(x->dtmp, gw->fc1_w, gw->fc1_b, x->dbig, a->ln2, w->fc1_w, BL, C, g->hidden);
-  layernorm_backward_cpu(x->dwin, gw->norm2_w, gw->norm2_b, x->dtmp, a->x1, w->norm2_w,
-                         a->ln2_mean, a->ln2_rstd, BL, C);
+  layernorm_backward_cpu(x->dwin, gw->norm2_w, gw->norm2_b, x->dtmp, a->x1, w->norm2_w, a->ln2_mean,
+                         a->ln2_rstd, BL, C);
   add_inplace(x->dres, x->dwin, BL * C);
 
   // Attention branch; dres becomes d(x).
@@ -480,7 +484,9 @@ void model_backward(Model *m, const float *dlogits, int B) {
                       m->patch_dim, c->embed_dim);
 }
 
-void model_zero_grads(Model *m) { memset(m->grads, 0, sizeof(float) * (size_t)m->num_floats); }
+void model_zero_grads(Model *m) {
+  memset(m->grads, 0, sizeof(float) * (size_t)m->num_floats);
+}
 
 const ParamInfo *model_find_param(const Model *m, const char *name) {
   for (int i = 0; i < m->num_params; i++)
@@ -537,7 +543,8 @@ void model_print_summary(const Model *m, FILE *out) {
     fprintf(out, "  %-12s %-9s %6d %6d %6d %9s %8s %10s %14s\n", name, tokens, g->C, g->depth,
             g->heads, window, (g->sh || g->sw) && g->depth > 1 ? shift : "-", drop, count);
   }
-  format_count(count, sizeof count, params_with_prefix(m, "norm.") + params_with_prefix(m, "head."));
+  format_count(count, sizeof count,
+               params_with_prefix(m, "norm.") + params_with_prefix(m, "head."));
   fprintf(out, "  %-12s %-9s %6d %6s %6s %9s %8s %10s %14s\n", "norm+head", "-", c->num_classes,
           "-", "-", "-", "-", "-", count);
   format_count(count, sizeof count, m->num_floats);

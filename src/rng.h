@@ -28,7 +28,12 @@ static inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t
 }
 
 // Streams keep different uses of one seed apart.
-enum { RNG_STREAM_SHUFFLE = 1, RNG_STREAM_AUGMENT = 2, RNG_STREAM_DROP_PATH = 3, RNG_STREAM_INIT = 4 };
+enum {
+  RNG_STREAM_SHUFFLE = 1,
+  RNG_STREAM_AUGMENT = 2,
+  RNG_STREAM_DROP_PATH = 3,
+  RNG_STREAM_INIT = 4
+};
 
 // A cursor over one counter sequence: (seed, stream) is the key, (a, b) name the unit of work
 // (epoch and sample, step and layer, ...), and n counts draws inside it.
@@ -48,8 +53,8 @@ static inline Rng rng_make(uint64_t seed, uint32_t stream, uint64_t a, uint64_t 
 
 static inline uint32_t rng_u32(Rng *r) {
   if (r->left == 0) {
-    Philox4 x = philox4x32(r->a, r->b, r->n++, r->stream, (uint32_t)r->seed,
-                           (uint32_t)(r->seed >> 32));
+    Philox4 x =
+        philox4x32(r->a, r->b, r->n++, r->stream, (uint32_t)r->seed, (uint32_t)(r->seed >> 32));
     for (int i = 0; i < 4; i++) r->buf[i] = x.v[i];
     r->left = 4;
   }
@@ -57,7 +62,9 @@ static inline uint32_t rng_u32(Rng *r) {
 }
 
 // Uniform in [0, 1) with 24 bits.
-static inline float rng_uniform(Rng *r) { return (float)(rng_u32(r) >> 8) * (1.0f / 16777216.0f); }
+static inline float rng_uniform(Rng *r) {
+  return (float)(rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+}
 // Uniform in [0, 1) with 53 bits.
 static inline double rng_uniform_double(Rng *r) {
   uint64_t hi = rng_u32(r) >> 5, lo = rng_u32(r) >> 6;

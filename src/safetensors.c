@@ -109,7 +109,9 @@ typedef struct {
   int npending;
 } Hasher;
 
-static Hasher hasher_start(void) { return (Hasher){.h = FNV_OFFSET}; }
+static Hasher hasher_start(void) {
+  return (Hasher){.h = FNV_OFFSET};
+}
 
 static void hasher_update(Hasher *x, const void *data, size_t n) {
   const unsigned char *p = data;

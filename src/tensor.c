@@ -12,8 +12,12 @@ static const struct {
     [DTYPE_U8] = {"U8", 1},   [DTYPE_I32] = {"I32", 4},
 };
 
-size_t dtype_size(DType dtype) { return dtype_info[dtype].size; }
-const char *dtype_name(DType dtype) { return dtype_info[dtype].name; }
+size_t dtype_size(DType dtype) {
+  return dtype_info[dtype].size;
+}
+const char *dtype_name(DType dtype) {
+  return dtype_info[dtype].name;
+}
 
 int dtype_from_name(const char *name, DType *dtype) {
   for (int i = 0; i < (int)(sizeof dtype_info / sizeof dtype_info[0]); i++)
@@ -30,7 +34,9 @@ int64_t tensor_numel(const Tensor *t) {
   return n;
 }
 
-size_t tensor_bytes(const Tensor *t) { return (size_t)tensor_numel(t) * dtype_size(t->dtype); }
+size_t tensor_bytes(const Tensor *t) {
+  return (size_t)tensor_numel(t) * dtype_size(t->dtype);
+}
 
 void tensor_describe(const Tensor *t, char *buf, size_t size) {
   int n = snprintf(buf, size, "%s (", t->name);
@@ -67,7 +73,9 @@ void arena_free(Arena *a) {
   *a = (Arena){0};
 }
 
-void arena_reset(Arena *a) { a->used = 0; }
+void arena_reset(Arena *a) {
+  a->used = 0;
+}
 
 void *arena_alloc(Arena *a, size_t bytes) {
   size_t offset = (a->used + 63) & ~(size_t)63;

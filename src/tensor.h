@@ -24,7 +24,7 @@ typedef struct {
 } Tensor;
 
 size_t dtype_size(DType dtype);
-const char *dtype_name(DType dtype);  // "F32", "BF16", ... (safetensors spelling)
+const char *dtype_name(DType dtype);                  // "F32", "BF16", ... (safetensors spelling)
 int dtype_from_name(const char *name, DType *dtype);  // 0 ok, -1 unknown
 
 int64_t tensor_numel(const Tensor *t);

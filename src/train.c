@@ -67,8 +67,13 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   Model *m = &t->model;
   int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : cfg->batch_size;
   if (eval_batch > m->max_batch) eval_batch = m->max_batch;
-  LoaderOptions opt = {.batch_size = eval_batch, .train = false, .seed = cfg->seed,
-                       .workers = cfg->workers, .prefetch = cfg->prefetch, .rank = 0, .world = 1};
+  LoaderOptions opt = {.batch_size = eval_batch,
+                       .train = false,
+                       .seed = cfg->seed,
+                       .workers = cfg->workers,
+                       .prefetch = cfg->prefetch,
+                       .rank = 0,
+                       .world = 1};
   Loader *loader;
   if (loader_create(&loader, t->val_set, &opt, err) != 0) return -1;
   int64_t top1 = 0, top5 = 0, count = 0;
@@ -80,8 +85,8 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
       return error_prefix(err, "evaluation: ");
     }
     if (!b) break;
-    images_normalize_cpu(m->acts.images, b->pixels, b->count, cfg->img_h, cfg->img_w,
-                         cfg->in_chans, t->mean, t->std);
+    images_normalize_cpu(m->acts.images, b->pixels, b->count, cfg->img_h, cfg->img_w, cfg->in_chans,
+                         t->mean, t->std);
     model_forward(m, m->acts.images, b->count, false, cfg->seed, 0);
     int c1, c5;
     topk_correct_cpu(m->acts.logits, b->labels, b->count, cfg->num_classes, &c1, &c5);
@@ -156,10 +161,12 @@ static int resume_from(Trainer *t, Error *err) {
     }
   }
   if (!loaded && count > 0)
-    rc = error_set(err, "resume=auto: no valid checkpoint among the %d in '%s'\n"
-                        "HINT: remove the broken files or set resume= to start fresh",
+    rc = error_set(err,
+                   "resume=auto: no valid checkpoint among the %d in '%s'\n"
+                   "HINT: remove the broken files or set resume= to start fresh",
                    count, cfg->run_dir);
-  if (!loaded && count == 0) printf("resume=auto: no checkpoint in %s, starting fresh\n", cfg->run_dir);
+  if (!loaded && count == 0)
+    printf("resume=auto: no checkpoint in %s, starting fresh\n", cfg->run_dir);
   checkpoint_list_free(paths, count);
   return rc;
 }
@@ -175,8 +182,9 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
   if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
   if (dataset_num_classes(t->train_set) > cfg->num_classes)
-    return error_set(err, "the dataset has %d classes but model.num_classes is %d\n"
-                          "HINT: set model.num_classes=%d",
+    return error_set(err,
+                     "the dataset has %d classes but model.num_classes is %d\n"
+                     "HINT: set model.num_classes=%d",
                      dataset_num_classes(t->train_set), cfg->num_classes,
                      dataset_num_classes(t->train_set));
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
@@ -197,27 +205,37 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   if (make_run_dir(cfg->run_dir, err) != 0) return -1;
   if (resume_from(t, err) != 0) return -1;
   if (t->state.seed != cfg->seed)
-    return error_set(err, "the checkpoint was trained with seed %llu but the config says %llu\n"
-                          "HINT: set seed=%llu to continue the same run",
+    return error_set(err,
+                     "the checkpoint was trained with seed %llu but the config says %llu\n"
+                     "HINT: set seed=%llu to continue the same run",
                      (unsigned long long)t->state.seed, (unsigned long long)cfg->seed,
                      (unsigned long long)t->state.seed);
 
-  LoaderOptions opt = {.batch_size = cfg->batch_size, .train = true, .seed = cfg->seed,
-                       .workers = cfg->workers, .prefetch = cfg->prefetch, .rank = 0,
-                       .world = 1, .start_epoch = t->state.epoch, .start_batch = t->state.batch};
+  LoaderOptions opt = {.batch_size = cfg->batch_size,
+                       .train = true,
+                       .seed = cfg->seed,
+                       .workers = cfg->workers,
+                       .prefetch = cfg->prefetch,
+                       .rank = 0,
+                       .world = 1,
+                       .start_epoch = t->state.epoch,
+                       .start_batch = t->state.batch};
   if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return -1;
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1)
-    return error_set(err, "the training split has %lld images, fewer than one batch of %d\n"
-                          "HINT: lower train.batch_size",
+    return error_set(err,
+                     "the training split has %lld images, fewer than one batch of %d\n"
+                     "HINT: lower train.batch_size",
                      (long long)dataset_size(t->train_set), cfg->batch_size);
   t->total_steps = cfg->max_steps > 0 ? cfg->max_steps : (int64_t)cfg->epochs * t->steps_per_epoch;
   // The official recipe scales all three rates linearly with the total batch.
   double scale = cfg->lr_scale_batch > 0 ? (double)cfg->batch_size / cfg->lr_scale_batch : 1.0;
-  t->schedule = (LrSchedule){.peak = cfg->lr * scale, .warmup_lr = cfg->warmup_lr * scale,
-                             .min_lr = cfg->min_lr * scale,
-                             .warmup_steps = (int64_t)llround(cfg->warmup_epochs * (double)t->steps_per_epoch),
-                             .total_steps = t->total_steps};
+  t->schedule = (LrSchedule){
+      .peak = cfg->lr * scale,
+      .warmup_lr = cfg->warmup_lr * scale,
+      .min_lr = cfg->min_lr * scale,
+      .warmup_steps = (int64_t)llround(cfg->warmup_epochs * (double)t->steps_per_epoch),
+      .total_steps = t->total_steps};
   if (t->schedule.warmup_steps > t->total_steps) t->schedule.warmup_steps = t->total_steps;
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
@@ -249,7 +267,10 @@ double optimizer_step(Model *m, float *exp_avg, float *exp_avg_sq, const Config 
   float clip = clip_coefficient(norm, cfg->clip_grad);
   for (int i = 0; i < m->num_params; i++) {
     const ParamInfo *p = &m->params[i];
-    AdamWHyper h = {.lr = (float)lr, .beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
+    AdamWHyper h = {.lr = (float)lr,
+                    .beta1 = cfg->beta1,
+                    .beta2 = cfg->beta2,
+                    .eps = cfg->eps,
                     .weight_decay = p->decay ? cfg->weight_decay : 0.0f};
     adamw_update_cpu(m->weights + p->offset, m->grads + p->offset, exp_avg + p->offset,
                      exp_avg_sq + p->offset, p->numel, h, step + 1, clip);
@@ -263,8 +284,8 @@ static StepResult train_step(Trainer *t, const Batch *b) {
   int B = b->count;
   int64_t step = t->state.step;
 
-  images_normalize_cpu(m->acts.images, b->pixels, B, cfg->img_h, cfg->img_w, cfg->in_chans,
-                       t->mean, t->std);
+  images_normalize_cpu(m->acts.images, b->pixels, B, cfg->img_h, cfg->img_w, cfg->in_chans, t->mean,
+                       t->std);
   model_forward(m, m->acts.images, B, true, cfg->seed, step);
   double loss = cross_entropy_forward_backward_cpu(t->dlogits, m->acts.logits, b->labels, NULL,
                                                    cfg->label_smoothing, B, cfg->num_classes);
@@ -279,8 +300,10 @@ static StepResult train_step(Trainer *t, const Batch *b) {
 
 static void format_duration(char *buf, size_t size, double seconds) {
   long s = (long)(seconds + 0.5);
-  if (s >= 3600) snprintf(buf, size, "%ldh%02ldm", s / 3600, (s / 60) % 60);
-  else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+  if (s >= 3600)
+    snprintf(buf, size, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else
+    snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
 static int save_checkpoint(Trainer *t, Error *err) {
@@ -299,8 +322,9 @@ static int run_eval(Trainer *t, EvalResult *r, Error *err) {
   printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %.1fs)\n",
          (long long)t->state.step, r->top1, r->top5, r->loss, (long long)r->count,
          time_now_s() - t0);
-  fprintf(t->metrics, "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
-                      "\"eval_loss\": %.6f}\n",
+  fprintf(t->metrics,
+          "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
+          "\"eval_loss\": %.6f}\n",
           (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5, r->loss);
   fflush(t->metrics);
   fflush(stdout);
@@ -328,9 +352,10 @@ int train_run(const Config *cfg, Error *err) {
     }
     loader_release_batch(t.loader, b);
     if (!isfinite(r.loss)) {
-      error_set(err, "the loss became %g at step %lld\n"
-                     "HINT: lower train.lr or raise train.warmup_epochs; resume=auto restarts "
-                     "from the last checkpoint",
+      error_set(err,
+                "the loss became %g at step %lld\n"
+                "HINT: lower train.lr or raise train.warmup_epochs; resume=auto restarts "
+                "from the last checkpoint",
                 r.loss, (long long)t.state.step);
       goto done;
     }
@@ -348,11 +373,12 @@ int train_run(const Config *cfg, Error *err) {
       printf("epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  eta %s\n",
              (long long)(epoch_end ? t.state.epoch : t.state.epoch + 1), (long long)step,
              (long long)t.total_steps, loss_window / steps_window, r.lr, r.grad_norm, img_s, eta_s);
-      fprintf(t.metrics,
-              "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-              "\"img_per_s\": %.1f}\n",
-              (long long)step, (long long)t.state.epoch, loss_window / steps_window, r.lr,
-              r.grad_norm, img_s);
+      fprintf(
+          t.metrics,
+          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+          "\"img_per_s\": %.1f}\n",
+          (long long)step, (long long)t.state.epoch, loss_window / steps_window, r.lr, r.grad_norm,
+          img_s);
       fflush(t.metrics);
       fflush(stdout);
       t_window = now;

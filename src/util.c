@@ -34,8 +34,10 @@ int error_prefix(Error *err, const char *fmt, ...) {
 }
 
 static void die_oom(size_t size, const char *file, int line) {
-  fprintf(stderr, "error: out of memory allocating %zu bytes (%s:%d)\n"
-                  "HINT: lower train.batch_size or use a smaller model\n", size, file, line);
+  fprintf(stderr,
+          "error: out of memory allocating %zu bytes (%s:%d)\n"
+          "HINT: lower train.batch_size or use a smaller model\n",
+          size, file, line);
   exit(1);
 }
 

@@ -68,7 +68,8 @@ static void write_variant(const Model *m, const char *file, const char *rename_f
     }
     safetensors_writer_add(&w, name, DTYPE_F32, p->ndim, shape, m->weights + p->offset);
   }
-  if (add_extra) safetensors_writer_add(&w, "layers.9.extra.weight", DTYPE_F32, 1, (int64_t[]){4}, extra);
+  if (add_extra)
+    safetensors_writer_add(&w, "layers.9.extra.weight", DTYPE_F32, 1, (int64_t[]){4}, extra);
   Error err;
   if (safetensors_writer_save(&w, file, &err) != 0) printf("save: %s\n", err.msg);
   safetensors_writer_free(&w);
@@ -96,7 +97,8 @@ int main(void) {
   } halfs[] = {{DTYPE_BF16, 1.0 / 256}, {DTYPE_F16, 1.0 / 2048}};
   for (int i = 0; i < 2; i++) {
     char *p = path(halfs[i].dtype == DTYPE_BF16 ? "a_bf16.safetensors" : "a_f16.safetensors");
-    test_check(export_weights(&a, p, halfs[i].dtype, &err) == 0, "export %s", dtype_name(halfs[i].dtype));
+    test_check(export_weights(&a, p, halfs[i].dtype, &err) == 0, "export %s",
+               dtype_name(halfs[i].dtype));
     test_check(import_weights(&b, p, NULL, &err) == 0, "import %s", dtype_name(halfs[i].dtype));
     double worst = 0;
     for (int64_t j = 0; j < a.num_floats; j++) {
@@ -137,7 +139,8 @@ int main(void) {
     memset(b.weights, 0, sizeof(float) * b.num_floats);
     int rc = import_weights(&b, path("official.safetensors"), NULL, &err);
     test_check(rc == 0 && memcmp(a.weights, b.weights, sizeof(float) * a.num_floats) == 0,
-               "official layout imports to the same weights%s%s", rc ? ": " : "", rc ? err.msg : "");
+               "official layout imports to the same weights%s%s", rc ? ": " : "",
+               rc ? err.msg : "");
   }
 
   // Another class count: the head is replaced, with a notice.
@@ -153,10 +156,11 @@ int main(void) {
     fclose(log);
     const ParamInfo *pw = model_find_param(&c, "layers.0.blocks.0.mlp.fc1.weight");
     const ParamInfo *qa = model_find_param(&a, "layers.0.blocks.0.mlp.fc1.weight");
-    test_check(rc == 0 && strstr(text, "freshly initialized for 4 classes") &&
-                   c.weights[model_find_param(&c, "head.fc.weight")->offset] == head0 &&
-                   memcmp(c.weights + pw->offset, a.weights + qa->offset, sizeof(float) * pw->numel) == 0,
-               "num_classes 10 -> 4: body loaded, head kept fresh, notice printed");
+    test_check(
+        rc == 0 && strstr(text, "freshly initialized for 4 classes") &&
+            c.weights[model_find_param(&c, "head.fc.weight")->offset] == head0 &&
+            memcmp(c.weights + pw->offset, a.weights + qa->offset, sizeof(float) * pw->numel) == 0,
+        "num_classes 10 -> 4: body loaded, head kept fresh, notice printed");
     model_destroy(&c);
   }
 
@@ -169,7 +173,8 @@ int main(void) {
       {"missing tensor", "layers.0.blocks.1.norm2.bias", NULL, false, false,
        "'layers.0.blocks.1.norm2.bias' is missing"},
       {"extra tensor", NULL, NULL, true, false, "'layers.9.extra.weight' does not exist"},
-      {"misshapen tensor", NULL, NULL, false, true, "'layers.1.blocks.0.mlp.fc1.weight' has shape (16, 64)"},
+      {"misshapen tensor", NULL, NULL, false, true,
+       "'layers.1.blocks.0.mlp.fc1.weight' has shape (16, 64)"},
   };
   for (int i = 0; i < 3; i++) {
     write_variant(&a, path("bad.safetensors"), bad[i].from, bad[i].to, bad[i].extra, bad[i].shape);

@@ -63,7 +63,8 @@ static void test_param_counts(void) {
     c.img_h = c.img_w = 224;
     c.embed_dim = sizes[i].embed;
     c.num_stages = 4;
-    for (int s = 0; s < 4; s++) c.depths[s] = sizes[i].depths[s], c.num_heads[s] = sizes[i].heads[s];
+    for (int s = 0; s < 4; s++)
+      c.depths[s] = sizes[i].depths[s], c.num_heads[s] = sizes[i].heads[s];
     Model m;
     Error err;
     if (model_create(&m, &c, 0, &err) != 0) {
@@ -157,12 +158,15 @@ static void test_gradients(void) {
     free(V);
     free(saved);
   }
-  test_check(failures == 0, "all %d parameter gradients match finite differences (worst %.2e at %s, "
-             "tol %.0e)", m.num_params, worst, worst_name, tol);
+  test_check(failures == 0,
+             "all %d parameter gradients match finite differences (worst %.2e at %s, "
+             "tol %.0e)",
+             m.num_params, worst, worst_name, tol);
 
   // The check can fail: a gradient off by 1% in one tensor is caught.
   {
-    const ParamInfo *info = model_find_param(&m, "layers.0.blocks.1.attn.relative_position_bias_table");
+    const ParamInfo *info =
+        model_find_param(&m, "layers.0.blocks.1.attn.relative_position_bias_table");
     test_check(info != NULL, "bias table of a shifted block exists");
     if (info) {
       int64_t n = info->numel;

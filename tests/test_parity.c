@@ -54,7 +54,8 @@ static void compare_params(const SafeTensors *st, const Model *m, const char *pr
     const ParamInfo *p = &m->params[i];
     double e = test_rel_err(got + p->offset, want + p->offset, p->numel);
     if (e > worst) worst = e, worst_name = p->name;
-    if (e > tol) bad++, test_check(0, "%s %s%s rel_err %.3e (tol %.0e)", what, prefix, p->name, e, tol);
+    if (e > tol)
+      bad++, test_check(0, "%s %s%s rel_err %.3e (tol %.0e)", what, prefix, p->name, e, tol);
   }
   test_check(bad == 0, "%-28s %-10s all %d tensors, worst rel_err %.2e (%s), tol %.0e",
              strrchr(st->path, '/') + 1, what, m->num_params, worst, worst_name, tol);
@@ -111,7 +112,9 @@ static void check_fixture(const char *path) {
   compare_params(&st, &m, "grad.", m.grads, 1e-4, "gradients");
 
   // Five AdamW steps on the same batch.
-  LrSchedule sched = {.peak = cfg.lr, .warmup_lr = cfg.warmup_lr, .min_lr = cfg.min_lr,
+  LrSchedule sched = {.peak = cfg.lr,
+                      .warmup_lr = cfg.warmup_lr,
+                      .min_lr = cfg.min_lr,
                       .warmup_steps = atoi(safetensors_meta_get(&st, "warmup_steps")),
                       .total_steps = atoi(safetensors_meta_get(&st, "total_steps"))};
   float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));

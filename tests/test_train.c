@@ -82,12 +82,14 @@ static bool same_tensors(const char *a, const char *b) {
   SafeTensors x, y;
   Error err;
   if (safetensors_read(&x, a, &err) != 0) return printf("%s\n", err.msg), false;
-  if (safetensors_read(&y, b, &err) != 0) return safetensors_free(&x), printf("%s\n", err.msg), false;
+  if (safetensors_read(&y, b, &err) != 0)
+    return safetensors_free(&x), printf("%s\n", err.msg), false;
   bool same = x.count == y.count && x.count > 0;
   for (int i = 0; same && i < x.count; i++) {
     const SafeTensorEntry *e = &x.entries[i], *f = safetensors_find(&y, e->name);
     same = f && e->end - e->begin == f->end - f->begin &&
-           memcmp(safetensors_entry_data(&x, e), safetensors_entry_data(&y, f), e->end - e->begin) == 0;
+           memcmp(safetensors_entry_data(&x, e), safetensors_entry_data(&y, f),
+                  e->end - e->begin) == 0;
     if (!same) printf("     tensor %s differs\n", e->name);
   }
   safetensors_free(&x);
@@ -186,7 +188,8 @@ static void test_broken_checkpoints(void) {
   fwrite(data, 1, n, f);
   fclose(f);
   rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
-  test_check(rc != 0 && strstr(err.msg, "checksum"), "corrupted checkpoint refused: %.120s", err.msg);
+  test_check(rc != 0 && strstr(err.msg, "checksum"), "corrupted checkpoint refused: %.120s",
+             err.msg);
   free(data);
 
   // A model with another width.
@@ -205,7 +208,8 @@ static void test_broken_checkpoints(void) {
 
   // The older checkpoint still loads, and resume=auto skips the broken newer one.
   rc = checkpoint_load(ckpt_path("broken", 3), &m, ea, eas, &st, &err);
-  test_check(rc == 0 && st.step == 3, "the older checkpoint still loads (step %lld)", (long long)st.step);
+  test_check(rc == 0 && st.step == 3, "the older checkpoint still loads (step %lld)",
+             (long long)st.step);
   snprintf(c.resume, sizeof c.resume, "auto");
   test_check(run(&c) == 0, "resume=auto skips the corrupted newest checkpoint");
   test_check(same_tensors(ckpt_path("straight", 6), ckpt_path("broken", 6)),

@@ -71,8 +71,10 @@ static inline int test_check(int ok, const char *fmt, ...) {
   vprintf(fmt, ap);
   printf("\n");
   va_end(ap);
-  if (ok) test_stats.passed++;
-  else test_stats.failed++;
+  if (ok)
+    test_stats.passed++;
+  else
+    test_stats.failed++;
   fflush(stdout);
   return ok;
 }
