@@ -4,6 +4,7 @@
 // All three are pure data movement (or a per-channel affine map), parallel over output rows.
 #include "kernels/patch.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 void patch_gather_cpu(float *patches, const float *images, int B, int H, int W, int Cin, int p) {
@@ -28,38 +29,36 @@ void patch_gather_cpu(float *patches, const float *images, int B, int H, int W, 
 static const int merge_dy[4] = {0, 1, 0, 1};
 static const int merge_dx[4] = {0, 0, 1, 1};
 
-void patch_merge_forward_cpu(float *merged, const float *tokens, int B, int H, int W, int C) {
+// Moves each token between the map and its slot in the merged 2x2 neighbourhood; the forward
+// and the backward are the two directions of this permutation (for even H, W).
+static void merge_permute(float *merged, float *tokens, bool to_merged, int B, int H, int W,
+                          int C) {
   int H2 = H / 2, W2 = W / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t by = 0; by < (int64_t)B * H2; by++) {
     int64_t b = by / H2;
     int y = (int)(by % H2);
     for (int x = 0; x < W2; x++) {
-      float *dst = merged + (by * W2 + x) * 4 * C;
+      float *m = merged + (by * W2 + x) * 4 * C;
       for (int k = 0; k < 4; k++) {
-        const float *src = tokens + ((b * H + 2 * y + merge_dy[k]) * W + 2 * x + merge_dx[k]) * C;
-        memcpy(dst + k * C, src, (size_t)C * sizeof(float));
+        float *t = tokens + ((b * H + 2 * y + merge_dy[k]) * W + 2 * x + merge_dx[k]) * C;
+        if (to_merged)
+          memcpy(m + k * C, t, (size_t)C * sizeof(float));
+        else
+          memcpy(t, m + k * C, (size_t)C * sizeof(float));
       }
     }
   }
 }
 
-// The forward is a permutation (for even H, W), so the backward scatters each gradient back;
-// with odd H or W the last row/column takes no part in the merge and gets a zero gradient.
+void patch_merge_forward_cpu(float *merged, const float *tokens, int B, int H, int W, int C) {
+  merge_permute(merged, (float *)tokens, true, B, H, W, C);
+}
+
+// With odd H or W the last row/column takes no part in the merge and gets a zero gradient.
 void patch_merge_backward_cpu(float *dtokens, const float *dmerged, int B, int H, int W, int C) {
   int H2 = H / 2, W2 = W / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t by = 0; by < (int64_t)B * H2; by++) {
-    int64_t b = by / H2;
-    int y = (int)(by % H2);
-    for (int x = 0; x < W2; x++) {
-      const float *src = dmerged + (by * W2 + x) * 4 * C;
-      for (int k = 0; k < 4; k++) {
-        float *dst = dtokens + ((b * H + 2 * y + merge_dy[k]) * W + 2 * x + merge_dx[k]) * C;
-        memcpy(dst, src + k * C, (size_t)C * sizeof(float));
-      }
-    }
-  }
+  merge_permute((float *)dmerged, dtokens, false, B, H, W, C);
   if (H % 2 || W % 2) {
     for (int64_t b = 0; b < B; b++)
       for (int y = 0; y < H; y++)

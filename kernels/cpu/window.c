@@ -6,6 +6,7 @@
 // which folds torch.roll(x, (-sh, -sw)) into the gather. Each copy moves a whole C-vector.
 #include "kernels/window.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 // Offset in tokens (B, H, W, C) of the pixel that feeds token (r, c) of window (wi, wj).
@@ -16,39 +17,36 @@ static inline int64_t window_source_offset(int b, int wi, int wj, int r, int c, 
   return (((int64_t)b * H + y) * W + x) * C;
 }
 
-void window_partition_cpu(float *windows, const float *tokens, int B, int H, int W, int C, int wh,
-                          int ww, int sh, int sw) {
+// Moves every token between the map and its window; the two directions are the two maps.
+static void window_permute(float *windows, float *tokens, bool to_windows, int B, int H, int W,
+                           int C, int wh, int ww, int sh, int sw) {
   int nWw = W / ww, nW = (H / wh) * nWw, N = wh * ww;
+  // Windows tile the map exactly, so every token is written once and no two windows collide.
 #pragma omp parallel for schedule(static)
   for (int64_t bw = 0; bw < (int64_t)B * nW; bw++) {
     int b = (int)(bw / nW), w = (int)(bw % nW);
     for (int r = 0; r < wh; r++) {
       for (int c = 0; c < ww; c++) {
-        float *dst = windows + (bw * N + r * ww + c) * C;
-        const float *src =
+        float *win = windows + (bw * N + r * ww + c) * C;
+        float *tok =
             tokens + window_source_offset(b, w / nWw, w % nWw, r, c, H, W, C, wh, ww, sh, sw);
-        memcpy(dst, src, (size_t)C * sizeof(float));
+        if (to_windows)
+          memcpy(win, tok, (size_t)C * sizeof(float));
+        else
+          memcpy(tok, win, (size_t)C * sizeof(float));
       }
     }
   }
 }
 
+void window_partition_cpu(float *windows, const float *tokens, int B, int H, int W, int C, int wh,
+                          int ww, int sh, int sw) {
+  window_permute(windows, (float *)tokens, true, B, H, W, C, wh, ww, sh, sw);
+}
+
 void window_reverse_cpu(float *tokens, const float *windows, int B, int H, int W, int C, int wh,
                         int ww, int sh, int sw) {
-  int nWw = W / ww, nW = (H / wh) * nWw, N = wh * ww;
-  // Windows tile the map exactly, so every pixel is written once and no two windows collide.
-#pragma omp parallel for schedule(static)
-  for (int64_t bw = 0; bw < (int64_t)B * nW; bw++) {
-    int b = (int)(bw / nW), w = (int)(bw % nW);
-    for (int r = 0; r < wh; r++) {
-      for (int c = 0; c < ww; c++) {
-        const float *src = windows + (bw * N + r * ww + c) * C;
-        float *dst =
-            tokens + window_source_offset(b, w / nWw, w % nWw, r, c, H, W, C, wh, ww, sh, sw);
-        memcpy(dst, src, (size_t)C * sizeof(float));
-      }
-    }
-  }
+  window_permute((float *)windows, tokens, false, B, H, W, C, wh, ww, sh, sw);
 }
 
 void relative_position_index(int *index, int wh, int ww) {
