@@ -10,6 +10,13 @@
 // relative_position_index.
 #pragma once
 #include <stdint.h>
+#ifdef SWIN_HAVE_CUDA
+#include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 // att (BW, heads, N, N) written with the softmax probabilities.
 void window_attention_forward_cpu(float *out, float *att, const float *qkv, const float *table,
@@ -21,3 +28,48 @@ void window_attention_forward_cpu(float *out, float *att, const float *qkv, cons
 void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout, const float *qkv,
                                    const float *att, const int *index, int BW, int N, int C,
                                    int heads);
+
+#ifdef SWIN_HAVE_CUDA
+// CUDA forms: same parameters as the CPU ones, as device pointers (index and mask uploaded once
+// by the caller), launched on `stream` with no synchronization. One thread block per (window,
+// head) keeps that head's q, k, v (and in the backward dO, P, dS) in shared memory.
+//
+// Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
+// model's geometry is fixed when it is built, so check it there against these):
+//   1 <= N <= WINDOW_ATTENTION_CUDA_MAX_N, C % heads == 0, C / heads <= ..._MAX_HEAD_DIM
+//   (Swin: N = 49, head_dim = 32), BW * heads < 2^31, nW >= 1 when mask is given.
+// The table must have max(index) + 1 rows (as the CPU reference infers), and index entries must
+// be below the largest (2wh-1)(2ww-1) over the window shapes wh * ww = N, which
+// relative_position_index guarantees: the backward visits only those rows of dtable.
+#define WINDOW_ATTENTION_CUDA_MAX_N 64
+#define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
+
+// out (BW, N, C), att (BW, heads, N, N), qkv (BW, N, 3C), table (rows, heads), index (N, N),
+// mask (nW, N, N) or NULL. Softmax with expf (the CPU uses its own fast_expf): results agree to
+// fp32 rounding, not bitwise.
+void window_attention_forward_cuda(float *out, float *att, const float *qkv, const float *table,
+                                   const int *index, const float *mask, int BW, int nW, int N,
+                                   int C, int heads, cudaStream_t stream);
+
+// Floats of scratch the backward needs: BW * heads * N * N (one dS per window and head).
+int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads);
+
+// dqkv (BW, N, 3C) overwritten; dtable (rows, heads) accumulated (+=); dout (BW, N, C),
+// qkv (BW, N, 3C), att (BW, heads, N, N) from the forward, index (N, N) as in the forward.
+// scratch: window_attention_backward_cuda_scratch(BW, N, heads) floats, overwritten. It may be
+// att itself (each block reads its P before writing its dS over it): att is then destroyed.
+// Otherwise scratch must not overlap att, nor ever dqkv, dtable, dout, qkv or index.
+//
+// dtable is deterministic without atomics: dS of every (window, head) goes to scratch, a
+// second kernel sums it over windows per (h, i, j) in a fixed order (double accumulators, the
+// sums stored in fp32 over window 0's slot of scratch), and a third adds, per (table row, h),
+// the sums of all (i, j) with that index in a fixed order. Differences from the CPU: the
+// per-(h, i, j) sums are rounded to fp32 once before the per-row sum (CPU: double throughout).
+void window_attention_backward_cuda(float *dqkv, float *dtable, const float *dout, const float *qkv,
+                                    const float *att, const int *index, int BW, int N, int C,
+                                    int heads, float *scratch, cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif

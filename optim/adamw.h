@@ -7,6 +7,13 @@
 // no-decay set (1-D params, biases, bias tables) is a range with weight_decay 0.
 #pragma once
 #include <stdint.h>
+#ifdef SWIN_HAVE_CUDA
+#include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
@@ -14,3 +21,17 @@ typedef struct {
 
 void adamw_update_cpu(float *param, const float *grad, float *m, float *v, int64_t n,
                       AdamWHyper hyper, int64_t step, float grad_scale);
+
+#ifdef SWIN_HAVE_CUDA
+// CUDA form: same parameters, device pointers (hyper, step and grad_scale by value), launched on
+// `stream` (no synchronization). The bias corrections are computed on the host in double, as on
+// the CPU; the element math is the CPU's, but nvcc fuses multiply-adds, so results may differ
+// from the CPU in the last bits (they are the same run after run). 16-byte accesses when all
+// four pointers are 16-byte aligned, else one float at a time.
+void adamw_update_cuda(float *param, const float *grad, float *m, float *v, int64_t n,
+                       AdamWHyper hyper, int64_t step, float grad_scale, cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,39 @@
+// cuda_util.h: what the CUDA side shares: checked CUDA / cuBLAS calls, launch-error checks, and
+// the C linkage of kernels declared in the C headers of kernels/.
+//
+// A CUDA failure inside the trainer is not a user error to recover from (a bad launch, an
+// out-of-memory on a planned allocation, a lost device): the checks print the call, file and
+// line and abort. Fallible user-facing steps (is there a GPU?) use cuda_device_available().
+#pragma once
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+#define SWIN_EXTERN_C extern "C"
+#else
+#define SWIN_EXTERN_C
+#endif
+
+#ifdef SWIN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define CUDA_CHECK(call)                                                                  \
+  do {                                                                                    \
+    cudaError_t err_ = (call);                                                            \
+    if (err_ != cudaSuccess) {                                                            \
+      fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(err_),        \
+              cudaGetErrorString(err_), __FILE__, __LINE__, #call);                       \
+      abort();                                                                            \
+    }                                                                                     \
+  } while (0)
+
+// After a kernel launch: reports a bad launch configuration at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// True when a CUDA device can be used (for tests that skip without one).
+static inline bool cuda_device_available(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#endif
