@@ -1,4 +1,5 @@
-// cuda_util.h: what the CUDA side shares: checked CUDA / cuBLAS calls, launch-error checks, and
+// cuda_util.h: what the CUDA side shares: checked CUDA runtime calls (cuBLAS has its own check
+// in kernels/cuda/gemm.cu, its one user), launch-error checks, and
 // the C linkage of kernels declared in the C headers of kernels/.
 //
 // A CUDA failure inside the trainer is not a user error to recover from (a bad launch, an
