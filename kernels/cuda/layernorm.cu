@@ -22,16 +22,19 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kForwardWarpsPerBlock = 8;
+constexpr int kForwardThreads = kForwardWarpsPerBlock * kWarp;
 // Shared memory a block may use without opting in.
 constexpr int kDefaultSharedBytes = 48 * 1024;
 // The backward's warps per block: at most 8, fewer when 8 warps' accumulators (2C floats each)
 // would not fit in the default shared memory (C > 768).
 constexpr int kBackwardMaxWarps = 8;
+constexpr int kBackwardMaxThreads = kBackwardMaxWarps * kWarp;
 // Upper bound on the backward's row blocks, so the partial sums (2C floats per block) stay small
 // next to the rows themselves; past 1024 * 8 rows each warp takes several rows.
 constexpr int64_t kBackwardMaxBlocks = 1024;
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
+constexpr int kReduceThreads = kWarp * kReduceRows;
 
 bool aligned16(const void *p) {
   return ((uintptr_t)p & 15u) == 0;
@@ -68,7 +71,7 @@ __device__ __forceinline__ void store_vec(float *p, const float (&v)[VEC]) {
 // cancellation of E[x^2] - E[x]^2; a third pass writes the output. VEC is 4 only when C % 4 == 0
 // and inp, out, weight, bias are 16-byte aligned, so lane offsets c stay inside the row.
 template <int VEC>
-__global__ void __launch_bounds__(kForwardWarpsPerBlock *kWarp)
+__global__ void __launch_bounds__(kForwardThreads)
     layernorm_forward_kernel(float *__restrict__ out, float *__restrict__ mean,
                              float *__restrict__ rstd, const float *__restrict__ inp,
                              const float *__restrict__ weight, const float *__restrict__ bias,
@@ -137,7 +140,7 @@ BackwardPlan backward_plan(int64_t N, int C) {
 // Warp w of a block takes rows begin + w, begin + w + warps, ...; lane l owns columns
 // l*VEC + j*32*VEC + k of its warp's accumulators, so only that lane ever touches them.
 template <int VEC>
-__global__ void __launch_bounds__(kBackwardMaxWarps *kWarp)
+__global__ void __launch_bounds__(kBackwardMaxThreads)
     layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial,
                               const float *__restrict__ dout, const float *__restrict__ inp,
                               const float *__restrict__ weight, const float *__restrict__ mean,
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(kBackwardMaxWarps *kWarp)
 // dweight += sum over blocks of partial[.][0:C], dbias += of partial[.][C:2C], in double and in
 // a fixed order: thread row ty adds blocks ty, ty + 32, ... in order, then thread row 0 adds the
 // 32 thread rows in order. Block (32, 32), one block per 32 of the 2C columns.
-__global__ void __launch_bounds__(kWarp *kReduceRows)
+__global__ void __launch_bounds__(kReduceThreads)
     layernorm_param_grad_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
                                        const float *__restrict__ partial, int64_t blocks, int C) {
   __shared__ double rows[kReduceRows][kWarp];
@@ -231,7 +234,7 @@ void layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *i
                             const float *weight, const float *bias, int64_t N, int C,
                             cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  const int threads = kForwardWarpsPerBlock * kWarp;
+  const int threads = kForwardThreads;
   const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
   if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias)) {
     layernorm_forward_kernel<4>
