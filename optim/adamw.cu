@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "optim/adamw.h"
 #include "src/cuda_util.h"
 
 namespace {
+
+using namespace swin_cuda;
 
 constexpr int kThreadsPerBlock = 256;
 
@@ -19,10 +22,6 @@ struct AdamWStep {
   float bias2_sqrt;  // sqrt(1 - beta2^t)
   float grad_scale;
 };
-
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
-}
 
 // The CPU's element update, written the same way.
 __device__ __forceinline__ void adamw_element(float &p, float grad, float &m, float &v,

@@ -7,10 +7,13 @@
 // adds the partials in a fixed tree. No atomics anywhere, so the bits never depend on timing.
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "optim/clip.h"
 #include "src/cuda_util.h"
 
 namespace {
+
+using namespace swin_cuda;
 
 constexpr int kWarp = 32;
 constexpr int kThreadsPerBlock = 256;
@@ -32,8 +35,7 @@ double *partials_in(float *scratch) {
 // warps' sums in warp order. blockDim.x must be kThreadsPerBlock.
 __device__ double block_sum(double v) {
   __shared__ double warp_sums[kThreadsPerBlock / kWarp];
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  v = warp_sum(v);
   if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = v;
   __syncthreads();
   double total = 0.0;

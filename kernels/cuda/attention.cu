@@ -21,13 +21,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernels/cuda/common.cuh"
 #include "src/cuda_util.h"
 
 namespace {
 
+using namespace swin_cuda;
+
 constexpr int kThreads = 256;  // 8 warps per (window, head) block
 constexpr int kWarps = kThreads / 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 // Columns per lane in the row phases and head channels per lane in the forward's P v.
 constexpr int kSlots = 2;
 static_assert(WINDOW_ATTENTION_CUDA_MAX_N <= 32 * kSlots, "a warp holds one row of N scores");
@@ -37,20 +39,6 @@ static_assert(WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM <= 32 * kSlots, "a warp holds o
 constexpr int kSumRows = 16;
 // Shared memory a block may use without opting in.
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
-
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
-  return x;
-}
-// Butterfly sums: every lane ends with the same value, a fixed function of the 32 inputs.
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
-}
-__device__ __forceinline__ double warp_sum(double x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
-}
 
 // Shared floats of the forward: q (N, hd), v (N, hd), k (N, hd + 1).
 size_t forward_smem_bytes(int N, int hd) {

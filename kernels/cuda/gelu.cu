@@ -6,17 +6,16 @@
 // GELU'(+-inf) = NaN (+-inf * 0 + Phi), NaN gives NaN.
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/gelu.h"
 #include "src/cuda_util.h"
 
 namespace {
 
+using namespace swin_cuda;
+
 constexpr int kThreadsPerBlock = 256;
 constexpr float kInvSqrt2Pi = 0x1.988454p-2f;  // 1 / sqrt(2 pi)
-
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
-}
 
 __device__ __forceinline__ float gelu_value(float x) {
   return x * normcdff(x);

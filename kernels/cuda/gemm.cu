@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
 #include "src/cuda_util.h"
 
@@ -25,6 +26,8 @@
   } while (0)
 
 namespace {
+
+using namespace swin_cuda;
 
 // (rows, cols) elementwise kernels: a warp along a row (coalesced), 8 rows per block, the
 // rows beyond gridDim.y's limit covered by a loop.
@@ -111,7 +114,7 @@ __global__ void column_sums_finish_kernel(float *__restrict__ out,
   if (col >= cols) return;  // whole warps: no barrier below
   float acc = 0.0f;
   for (int64_t c = lane; c < chunks; c += 32) acc += partial[c * cols + col];
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) out[col] += acc;
 }
 

@@ -15,10 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/layernorm.h"
 #include "src/cuda_util.h"
 
 namespace {
+
+using namespace swin_cuda;
 
 constexpr int kWarp = 32;
 constexpr int kForwardWarpsPerBlock = 8;
@@ -35,17 +38,6 @@ constexpr int64_t kBackwardMaxBlocks = 1024;
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
-
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  // Butterfly: every lane ends with the same value (a + b == b + a bitwise).
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // VEC consecutive floats at p (16-byte aligned when VEC == 4).
 template <int VEC>

@@ -10,23 +10,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/loss.h"
 #include "src/cuda_util.h"
 
 namespace {
 
+using namespace swin_cuda;
+
 constexpr int kLossThreads = 256;  // a multiple of 32 (the block reductions assume full warps)
 constexpr int kTopkWarps = 4;      // rows (one per warp) per top-k block
-
-template <typename T>
-__device__ inline T warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // Sum over the block, returned to every thread. Every thread of the block must call it.
 // scratch: 32 values of shared memory, reused by each call (hence the leading barrier).

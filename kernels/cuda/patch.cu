@@ -9,38 +9,20 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/patch.h"
 #include "src/cuda_util.h"
 
 namespace {
 
+using namespace swin_cuda;
+
 constexpr int kThreadsPerBlock = 256;
-
-// A block is (lanes, rows): `lanes` threads stride over one row of `width` elements and each of
-// the `rows` thread rows takes one row. Lanes are the smallest power of two covering the width
-// (at most a warp), so short rows still fill the warps.
-struct RowLaunch {
-  dim3 grid, block;
-};
-
-RowLaunch row_launch(int64_t rows_total, int width) {
-  int lanes = 1;
-  while (lanes < width && lanes < 32) lanes *= 2;
-  int rows = kThreadsPerBlock / lanes;
-  RowLaunch l;
-  l.block = dim3(lanes, rows);
-  l.grid = dim3((unsigned)((rows_total + rows - 1) / rows));
-  return l;
-}
 
 // Row index of this thread row, or -1 past the end.
 __device__ inline int64_t launch_row(int64_t rows_total) {
   int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   return r < rows_total ? r : -1;
-}
-
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
 }
 
 // The gather and merge index math is 32-bit per row; offsets are 64-bit.
@@ -146,7 +128,7 @@ void patch_gather_cuda(float *patches, const float *images, int B, int H, int W,
   int64_t npatch = (int64_t)B * (H / p) * (W / p);
   if (npatch <= 0 || Cin <= 0) return;
   check_rows("patch_gather_cuda", npatch, B, H, W);
-  RowLaunch l = row_launch(npatch, Cin * p * p);
+  RowLaunch l = row_launch(npatch, Cin * p * p, kThreadsPerBlock);
   patch_gather_kernel<<<l.grid, l.block, 0, stream>>>(patches, images, (int)npatch, H, W, Cin, p);
   CUDA_CHECK_LAUNCH();
 }
@@ -157,11 +139,11 @@ void patch_merge_forward_cuda(float *merged, const float *tokens, int B, int H, 
   if (slots <= 0 || C <= 0) return;
   check_rows("patch_merge_forward_cuda", slots, B, H, W);
   if (C % 4 == 0 && aligned16(merged) && aligned16(tokens)) {
-    RowLaunch l = row_launch(slots, C / 4);
+    RowLaunch l = row_launch(slots, C / 4, kThreadsPerBlock);
     patch_merge_forward_kernel<float4><<<l.grid, l.block, 0, stream>>>(
         (float4 *)merged, (const float4 *)tokens, (int)slots, H, W, C / 4);
   } else {
-    RowLaunch l = row_launch(slots, C);
+    RowLaunch l = row_launch(slots, C, kThreadsPerBlock);
     patch_merge_forward_kernel<float>
         <<<l.grid, l.block, 0, stream>>>(merged, tokens, (int)slots, H, W, C);
   }
@@ -174,11 +156,11 @@ void patch_merge_backward_cuda(float *dtokens, const float *dmerged, int B, int 
   if (ntok <= 0 || C <= 0) return;
   check_rows("patch_merge_backward_cuda", ntok, B, H, W);
   if (C % 4 == 0 && aligned16(dtokens) && aligned16(dmerged)) {
-    RowLaunch l = row_launch(ntok, C / 4);
+    RowLaunch l = row_launch(ntok, C / 4, kThreadsPerBlock);
     patch_merge_backward_kernel<float4><<<l.grid, l.block, 0, stream>>>(
         (float4 *)dtokens, (const float4 *)dmerged, (int)ntok, H, W, C / 4);
   } else {
-    RowLaunch l = row_launch(ntok, C);
+    RowLaunch l = row_launch(ntok, C, kThreadsPerBlock);
     patch_merge_backward_kernel<float>
         <<<l.grid, l.block, 0, stream>>>(dtokens, dmerged, (int)ntok, H, W, C);
   }

@@ -7,16 +7,15 @@
 // double like the CPU, so the result is the CPU's to the bit and never depends on timing.
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/residual.h"
 #include "src/cuda_util.h"
 
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
+using namespace swin_cuda;
 
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
-}
+constexpr int kThreadsPerBlock = 256;
 
 unsigned blocks_for(int64_t n, int vec) {
   int64_t per_block = (int64_t)kThreadsPerBlock * vec;

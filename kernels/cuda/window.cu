@@ -9,29 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/window.h"
 #include "src/cuda_util.h"
 
 namespace {
 
+using namespace swin_cuda;
+
 constexpr int kThreadsPerBlock = 256;
-
-// A block is (lanes, rows): `lanes` threads stride over one token's `vectors` chunks and each
-// of the `rows` thread rows takes one token. Lanes are the smallest power of two covering the
-// vector count (at most a warp), so short rows (C = 3) still fill the warps with tokens.
-struct TokenLaunch {
-  dim3 grid, block;
-};
-
-TokenLaunch token_launch(int64_t tokens, int vectors) {
-  int lanes = 1;
-  while (lanes < vectors && lanes < 32) lanes *= 2;
-  int rows = kThreadsPerBlock / lanes;
-  TokenLaunch l;
-  l.block = dim3(lanes, rows);
-  l.grid = dim3((unsigned)((tokens + rows - 1) / rows));
-  return l;
-}
 
 // Moves token `tok` (in window order) between the map and its window: dst and src are the two
 // arrays in the direction of the copy, as vectors of type V (float4 or float); cv vectors per
@@ -55,10 +41,6 @@ __global__ void window_permute_kernel(V *__restrict__ dst, const V *__restrict__
   for (int i = threadIdx.x; i < cv; i += blockDim.x) d[i] = s[i];
 }
 
-bool aligned16(const void *p) {
-  return ((uintptr_t)p & 15u) == 0;
-}
-
 template <bool kToWindows>
 void window_permute(float *dst, const float *src, int B, int H, int W, int C, int wh, int ww,
                     int sh, int sw, cudaStream_t stream) {
@@ -72,11 +54,11 @@ void window_permute(float *dst, const float *src, int B, int H, int W, int C, in
   // Windows tile the map exactly (H % wh == 0, W % ww == 0), as on the CPU, so every token of
   // the destination is written exactly once.
   if (C % 4 == 0 && aligned16(dst) && aligned16(src)) {
-    TokenLaunch l = token_launch(tokens, C / 4);
+    RowLaunch l = row_launch(tokens, C / 4, kThreadsPerBlock);
     window_permute_kernel<float4, kToWindows><<<l.grid, l.block, 0, stream>>>(
         (float4 *)dst, (const float4 *)src, (int)tokens, H, W, C / 4, wh, ww, sh, sw);
   } else {
-    TokenLaunch l = token_launch(tokens, C);
+    RowLaunch l = row_launch(tokens, C, kThreadsPerBlock);
     window_permute_kernel<float, kToWindows>
         <<<l.grid, l.block, 0, stream>>>(dst, src, (int)tokens, H, W, C, wh, ww, sh, sw);
   }
