@@ -70,6 +70,17 @@ expect "swin_export refuses a missing checkpoint" 1 "missing\.safetensors" -- \
 expect "swin_export refuses a bad dtype" 2 "dtype=bf16" -- \
   "$build/swin_export" a b dtype=f64
 
+fixture="$src/tests/fixtures/shifted_two_stages.safetensors"
+expect "swin_predict usage" 2 "usage: swin_predict" -- "$build/swin_predict"
+expect "swin_predict names a missing model file" 1 "nothing\.safetensors" -- \
+  "$build/swin_predict" "$tmp/nothing.safetensors" "$fixture" "$tmp/out.safetensors"
+expect "swin_predict refuses a file that is not a model, naming the tensor" 1 \
+  "tensor 'input' does not exist in this model" -- \
+  "$build/swin_predict" "$fixture" "$fixture" "$tmp/out.safetensors"
+expect "swin_predict needs the input tensor" 1 "needs tensor 'input' F32 \(B, 32, 32, 3\)" -- \
+  "$build/swin_predict" "$fixture" "$src/tests/fixtures/rect_three_stages.safetensors" \
+  "$tmp/out.safetensors"
+
 # The README's key reference is the program's own.
 readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
 expect "README key reference matches swin_train --keys" 0 "^same$" -- \
