@@ -25,24 +25,8 @@
 // Written into the columns of C past N (ldc > N): the kernel must leave them alone.
 #define SENTINEL 12345.0f
 
-static float *alloc_floats(int64_t n) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (!p) {
-    fprintf(stderr, "test_gemm: out of memory for %lld floats\n", (long long)n);
-    exit(1);
-  }
-  return p;
-}
-
 // A (rows, cols) matrix stored with row stride ld >= cols: the padding is NaN, so a kernel that
 // reads past a row poisons its result.
-static float *random_matrix(TestRng *rng, int64_t rows, int64_t cols, int64_t ld) {
-  float *m = alloc_floats(rows * ld);
-  test_poison(m, rows * ld);
-  for (int64_t i = 0; i < rows; i++) test_fill_uniform(rng, m + i * ld, cols, -1.0f, 1.0f);
-  return m;
-}
-
 // ref (M, N) = alpha op(A) op(B) + beta C0 in double; C0 (M, ldc) is read only when beta != 0.
 static void ref_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, const float *C0,
@@ -74,10 +58,10 @@ static void check_gemm(TestRng *rng, bool ta, bool tb, Shape s, int64_t pad, flo
   int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
   int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
   int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-  float *A = random_matrix(rng, a_rows, a_cols, lda);
-  float *B = random_matrix(rng, b_rows, b_cols, ldb);
-  float *C = alloc_floats(M * ldc), *C0 = alloc_floats(M * ldc);
-  float *got = alloc_floats(M * N), *ref = alloc_floats(M * N);
+  float *A = test_random_matrix(rng, a_rows, a_cols, lda);
+  float *B = test_random_matrix(rng, b_rows, b_cols, ldb);
+  float *C = test_alloc_floats(M * ldc), *C0 = test_alloc_floats(M * ldc);
+  float *got = test_alloc_floats(M * N), *ref = test_alloc_floats(M * N);
   for (int64_t i = 0; i < M * ldc; i++) C[i] = SENTINEL;
   for (int64_t i = 0; i < M; i++) {
     // beta == 0 must write C without reading it: C starts as NaN, which any read (even one
@@ -156,8 +140,8 @@ static void test_gemm_threads(TestRng *rng) {
   int saved = omp_get_max_threads();
   for (int s = 0; s < 2; s++) {
     int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
-    float *A = random_matrix(rng, M, K, K), *B = random_matrix(rng, N, K, K);
-    float *C1 = alloc_floats(M * N), *Cn = alloc_floats(M * N);
+    float *A = test_random_matrix(rng, M, K, K), *B = test_random_matrix(rng, N, K, K);
+    float *C1 = test_alloc_floats(M * N), *Cn = test_alloc_floats(M * N);
     omp_set_num_threads(1);
     gemm_cpu(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
     for (int threads = 2; threads <= 4; threads++) {
@@ -194,10 +178,10 @@ typedef struct {
 
 static Linear linear_new(TestRng *rng, int64_t N, int IC, int OC) {
   Linear l = {N, IC, OC, NULL, NULL, NULL, NULL};
-  l.inp = random_matrix(rng, N, IC, IC);
-  l.weight = random_matrix(rng, OC, IC, IC);
-  l.bias = random_matrix(rng, 1, OC, OC);
-  l.dout = random_matrix(rng, N, OC, OC);
+  l.inp = test_random_matrix(rng, N, IC, IC);
+  l.weight = test_random_matrix(rng, OC, IC, IC);
+  l.bias = test_random_matrix(rng, 1, OC, OC);
+  l.dout = test_random_matrix(rng, N, OC, OC);
   return l;
 }
 
@@ -210,7 +194,7 @@ static void linear_free(Linear *l) {
 
 static void test_linear_forward(TestRng *rng, int64_t N, int IC, int OC) {
   Linear l = linear_new(rng, N, IC, OC);
-  float *out = alloc_floats(N * OC), *ref = alloc_floats(N * OC);
+  float *out = test_alloc_floats(N * OC), *ref = test_alloc_floats(N * OC);
   char what[128];
   for (int with_bias = 1; with_bias >= 0; with_bias--) {
     for (int64_t n = 0; n < N; n++) {
@@ -235,10 +219,10 @@ static void test_linear_forward(TestRng *rng, int64_t N, int IC, int OC) {
 // accumulated onto random initial values; then the NULL dinp and NULL dbias paths.
 static void test_linear_backward(TestRng *rng, int64_t N, int IC, int OC) {
   Linear l = linear_new(rng, N, IC, OC);
-  float *dinp = alloc_floats(N * IC), *dinp_ref = alloc_floats(N * IC);
-  float *dw = alloc_floats((int64_t)OC * IC), *dw0 = alloc_floats((int64_t)OC * IC);
-  float *dw_ref = alloc_floats((int64_t)OC * IC);
-  float *db = alloc_floats(OC), *db0 = alloc_floats(OC), *db_ref = alloc_floats(OC);
+  float *dinp = test_alloc_floats(N * IC), *dinp_ref = test_alloc_floats(N * IC);
+  float *dw = test_alloc_floats((int64_t)OC * IC), *dw0 = test_alloc_floats((int64_t)OC * IC);
+  float *dw_ref = test_alloc_floats((int64_t)OC * IC);
+  float *db = test_alloc_floats(OC), *db0 = test_alloc_floats(OC), *db_ref = test_alloc_floats(OC);
   test_fill_uniform(rng, dw0, (int64_t)OC * IC, -1.0f, 1.0f);
   test_fill_uniform(rng, db0, OC, -1.0f, 1.0f);
   for (int64_t n = 0; n < N; n++) {
@@ -312,9 +296,9 @@ static void test_linear_threads(TestRng *rng) {
     Linear l = linear_new(rng, N, IC, OC);
     float *dw[2], *db[2], *dinp[2];
     for (int v = 0; v < 2; v++) {
-      dw[v] = alloc_floats((int64_t)OC * IC);
-      db[v] = alloc_floats(OC);
-      dinp[v] = alloc_floats(N * IC);
+      dw[v] = test_alloc_floats((int64_t)OC * IC);
+      db[v] = test_alloc_floats(OC);
+      dinp[v] = test_alloc_floats(N * IC);
     }
     for (int threads = 2; threads <= 4; threads++) {
       for (int v = 0; v < 2; v++) {
@@ -375,7 +359,7 @@ static void check_fd(TestRng *rng, const Linear *l, LinearArg arg, const float *
   static const char *names[] = {"inp", "weight", "bias"};
   int64_t n = arg == ARG_INP ? l->N * l->IC : arg == ARG_WEIGHT ? (int64_t)l->OC * l->IC : l->OC;
   float *x = arg == ARG_INP ? l->inp : arg == ARG_WEIGHT ? l->weight : l->bias;
-  float *saved = alloc_floats(n), *v = alloc_floats(n);
+  float *saved = test_alloc_floats(n), *v = test_alloc_floats(n);
   memcpy(saved, x, (size_t)n * sizeof(float));
   test_fill_uniform(rng, v, n, -1.0f, 1.0f);
   const float h = 1.0f;
@@ -403,9 +387,9 @@ static void check_fd(TestRng *rng, const Linear *l, LinearArg arg, const float *
 
 static void test_linear_fd(TestRng *rng, int64_t N, int IC, int OC) {
   Linear l = linear_new(rng, N, IC, OC);  // l.dout plays R, the loss weights
-  float *out = alloc_floats(N * OC);
-  float *dinp = alloc_floats(N * IC), *dw = alloc_floats((int64_t)OC * IC);
-  float *db = alloc_floats(OC);
+  float *out = test_alloc_floats(N * OC);
+  float *dinp = test_alloc_floats(N * IC), *dw = test_alloc_floats((int64_t)OC * IC);
+  float *db = test_alloc_floats(OC);
   test_poison(dinp, N * IC);
   memset(dw, 0, (size_t)OC * IC * sizeof(float));  // accumulated gradients start from zero
   memset(db, 0, (size_t)OC * sizeof(float));

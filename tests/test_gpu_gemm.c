@@ -30,24 +30,8 @@ static void cublas_ok(cublasStatus_t st, const char *what) {
   }
 }
 
-static float *alloc_floats(int64_t n) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (!p) {
-    fprintf(stderr, "test_gpu_gemm: out of memory for %lld floats\n", (long long)n);
-    exit(1);
-  }
-  return p;
-}
-
 // A (rows, cols) matrix stored with row stride ld >= cols; the padding is NaN, so a kernel that
 // reads past a row poisons its result.
-static float *random_matrix(TestRng *rng, int64_t rows, int64_t cols, int64_t ld) {
-  float *m = alloc_floats(rows * ld);
-  test_poison(m, rows * ld);
-  for (int64_t i = 0; i < rows; i++) test_fill_uniform(rng, m + i * ld, cols, -1.0f, 1.0f);
-  return m;
-}
-
 static int64_t count_differing(const float *a, const float *b, int64_t n) {
   int64_t differ = 0;
   for (int64_t i = 0; i < n; i++) differ += memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -70,10 +54,10 @@ static void check_gemm(TestRng *rng, cublasHandle_t handle, bool ta, bool tb, Sh
   int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
   int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
   int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-  float *A = random_matrix(rng, a_rows, a_cols, lda);
-  float *B = random_matrix(rng, b_rows, b_cols, ldb);
-  float *C = alloc_floats(M * ldc), *want = alloc_floats(M * ldc);
-  float *got = alloc_floats(M * ldc), *again = alloc_floats(M * ldc);
+  float *A = test_random_matrix(rng, a_rows, a_cols, lda);
+  float *B = test_random_matrix(rng, b_rows, b_cols, ldb);
+  float *C = test_alloc_floats(M * ldc), *want = test_alloc_floats(M * ldc);
+  float *got = test_alloc_floats(M * ldc), *again = test_alloc_floats(M * ldc);
   for (int64_t i = 0; i < M * ldc; i++) C[i] = SENTINEL;
   for (int64_t i = 0; i < M; i++) {
     // beta == 0 must write C without reading it: NaN would survive any read, even times 0.
@@ -94,7 +78,7 @@ static void check_gemm(TestRng *rng, cublasHandle_t handle, bool ta, bool tb, Sh
   gpu_download(again, dC, M * ldc);
 
   // Compare the M x N values; the padding columns separately against the sentinel.
-  float *got_v = alloc_floats(M * N), *want_v = alloc_floats(M * N);
+  float *got_v = test_alloc_floats(M * N), *want_v = test_alloc_floats(M * N);
   int64_t pad_changed = 0;
   for (int64_t i = 0; i < M; i++) {
     memcpy(got_v + i * N, got + i * ldc, (size_t)N * sizeof(float));
@@ -187,10 +171,10 @@ typedef struct {
 
 static Linear linear_new(TestRng *rng, int64_t N, int IC, int OC) {
   Linear l = {.N = N, .IC = IC, .OC = OC};
-  l.inp = random_matrix(rng, N, IC, IC);
-  l.weight = random_matrix(rng, OC, IC, IC);
-  l.bias = random_matrix(rng, 1, OC, OC);
-  l.dout = random_matrix(rng, N, OC, OC);
+  l.inp = test_random_matrix(rng, N, IC, IC);
+  l.weight = test_random_matrix(rng, OC, IC, IC);
+  l.bias = test_random_matrix(rng, 1, OC, OC);
+  l.dout = test_random_matrix(rng, N, OC, OC);
   l.d_inp = gpu_upload(l.inp, N * IC);
   l.d_weight = gpu_upload(l.weight, (int64_t)OC * IC);
   l.d_bias = gpu_upload(l.bias, OC);
@@ -211,8 +195,8 @@ static void linear_free(Linear *l) {
 
 static void test_linear_forward(TestRng *rng, cublasHandle_t handle, int64_t N, int IC, int OC) {
   Linear l = linear_new(rng, N, IC, OC);
-  float *want = alloc_floats(N * OC), *got = alloc_floats(N * OC);
-  float *again = alloc_floats(N * OC), *d_out = gpu_alloc(N * OC * sizeof(float));
+  float *want = test_alloc_floats(N * OC), *got = test_alloc_floats(N * OC);
+  float *again = test_alloc_floats(N * OC), *d_out = gpu_alloc(N * OC * sizeof(float));
   char what[128];
   for (int with_bias = 1; with_bias >= 0; with_bias--) {
     linear_forward_cpu(want, l.inp, l.weight, with_bias ? l.bias : NULL, N, IC, OC);
@@ -242,11 +226,11 @@ static void test_linear_forward(TestRng *rng, cublasHandle_t handle, int64_t N, 
 static void test_linear_backward(TestRng *rng, cublasHandle_t handle, int64_t N, int IC, int OC) {
   Linear l = linear_new(rng, N, IC, OC);
   int64_t n_inp = N * IC, n_w = (int64_t)OC * IC;
-  float *dw0 = alloc_floats(n_w), *db0 = alloc_floats(OC);
+  float *dw0 = test_alloc_floats(n_w), *db0 = test_alloc_floats(OC);
   test_fill_uniform(rng, dw0, n_w, -1.0f, 1.0f);
   test_fill_uniform(rng, db0, OC, -1.0f, 1.0f);
-  float *want_dinp = alloc_floats(n_inp), *want_dw = alloc_floats(n_w);
-  float *want_db = alloc_floats(OC);
+  float *want_dinp = test_alloc_floats(n_inp), *want_dw = test_alloc_floats(n_w);
+  float *want_db = test_alloc_floats(OC);
   memcpy(want_dw, dw0, (size_t)n_w * sizeof(float));
   memcpy(want_db, db0, (size_t)OC * sizeof(float));
   linear_backward_cpu(want_dinp, want_dw, want_db, l.dout, l.inp, l.weight, N, IC, OC);
@@ -255,9 +239,9 @@ static void test_linear_backward(TestRng *rng, cublasHandle_t handle, int64_t N,
   float *d_scratch = gpu_alloc(n_scratch * sizeof(float));
   float *d_dinp = gpu_alloc(n_inp * sizeof(float)), *d_dw = gpu_alloc(n_w * sizeof(float));
   float *d_db = gpu_alloc(OC * sizeof(float));
-  float *dinp[2] = {alloc_floats(n_inp), alloc_floats(n_inp)};
-  float *dw[2] = {alloc_floats(n_w), alloc_floats(n_w)},
-        *db[2] = {alloc_floats(OC), alloc_floats(OC)};
+  float *dinp[2] = {test_alloc_floats(n_inp), test_alloc_floats(n_inp)};
+  float *dw[2] = {test_alloc_floats(n_w), test_alloc_floats(n_w)},
+        *db[2] = {test_alloc_floats(OC), test_alloc_floats(OC)};
   for (int run = 0; run < 2; run++) {
     gpu_poison(d_dinp, n_inp);
     gpu_poison(d_scratch, n_scratch);

@@ -40,6 +40,24 @@ static inline void test_poison(float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = NAN;
 }
 
+// n floats (at least one), or exit: a test that cannot get memory has nothing to report.
+static inline float *test_alloc_floats(int64_t n) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (!p) {
+    fprintf(stderr, "test: out of memory for %lld floats\n", (long long)n);
+    exit(1);
+  }
+  return p;
+}
+// A (rows, cols) matrix with row stride ld: uniform in [-1, 1), its padding columns NaN so that a
+// kernel reading past a row fails.
+static inline float *test_random_matrix(TestRng *r, int64_t rows, int64_t cols, int64_t ld) {
+  float *m = test_alloc_floats(rows * ld);
+  test_poison(m, rows * ld);
+  for (int64_t i = 0; i < rows; i++) test_fill_uniform(r, m + i * ld, cols, -1.0f, 1.0f);
+  return m;
+}
+
 // ||a - b|| / ||b|| in double; NaN anywhere gives +inf.
 static inline double test_rel_err(const float *a, const float *b, int64_t n) {
   double num = 0, den = 0;
