@@ -22,7 +22,7 @@
 
 #define PATH_BYTES 4096
 
-typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER } DatasetKind;
+typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER, DATASET_SYNTHETIC } DatasetKind;
 
 struct Dataset {
   DatasetKind kind;
@@ -40,6 +40,9 @@ struct Dataset {
   // ImageFolder: sorted file list.
   char **paths;   // (n) image files
   int *class_of;  // (n) labels
+
+  // Synthetic: the seed that keys its pixels and labels.
+  uint64_t synthetic_seed;
 };
 
 static const char *HINT_PATH_EXAMPLE =
@@ -456,13 +459,39 @@ done:
 
 // ---- public ----
 
+// Random pixels and labels, a pure function of (seed, split, index): no files, for benchmarks
+// and tests of the trainer itself. data.train_limit / data.val_limit give the sizes.
+static int open_synthetic(Dataset *ds, const Config *cfg, const char *split) {
+  bool train = strcmp(split, "train") == 0;
+  int limit = train ? cfg->train_limit : cfg->val_limit;
+  ds->n = limit > 0 ? limit : (train ? 12800 : 1280);
+  ds->num_classes = cfg->num_classes;
+  ds->synthetic_seed = cfg->seed * 2 + (train ? 0 : 1);
+  snprintf(ds->describe, sizeof ds->describe, "synthetic %s: %lld random images, %d classes", split,
+           (long long)ds->n, ds->num_classes);
+  return 0;
+}
+
+// Fills a synthetic sample: 4 pixels per Philox word, the label from the first draw after them.
+static void load_synthetic(const Dataset *ds, int64_t i, uint8_t *pixels, int *label) {
+  int64_t bytes = dataset_sample_bytes(ds);
+  Rng r = rng_make(ds->synthetic_seed, RNG_STREAM_AUGMENT, (uint64_t)i, UINT32_MAX);
+  for (int64_t k = 0; k < bytes; k += 4) {
+    uint32_t u = rng_u32(&r);
+    for (int64_t j = k; j < k + 4 && j < bytes; j++, u >>= 8) pixels[j] = (uint8_t)u;
+  }
+  *label = (int)rng_below(&r, (uint32_t)ds->num_classes);
+}
+
 int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err) {
   *out = NULL;
   if (strcmp(split, "train") != 0 && strcmp(split, "val") != 0) {
     return error_set(err, "dataset split '%s' is unknown (want \"train\" or \"val\")", split);
   }
-  if (cfg->path[0] == '\0') return error_set(err, "data.path is not set\n%s", HINT_PATH_EXAMPLE);
-  if (!is_dir(cfg->path)) {
+  bool synthetic = strcmp(cfg->dataset, "synthetic") == 0;  // no files
+  if (!synthetic && cfg->path[0] == '\0')
+    return error_set(err, "data.path is not set\n%s", HINT_PATH_EXAMPLE);
+  if (!synthetic && !is_dir(cfg->path)) {
     return error_set(err, "data.path '%s' %s\n%s", cfg->path,
                      path_exists(cfg->path) ? "is not a directory" : "does not exist",
                      HINT_PATH_EXAMPLE);
@@ -496,8 +525,13 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   } else if (strcmp(cfg->dataset, "imagefolder") == 0) {
     ds->kind = DATASET_IMAGEFOLDER;
     rc = open_imagefolder(ds, cfg, split, err);
+  } else if (strcmp(cfg->dataset, "synthetic") == 0) {
+    ds->kind = DATASET_SYNTHETIC;
+    rc = open_synthetic(ds, cfg, split);
   } else {
-    rc = error_set(err, "data.dataset '%s' is unknown\nHINT: use fashion_mnist or imagefolder",
+    rc = error_set(err,
+                   "data.dataset '%s' is unknown\nHINT: use fashion_mnist, imagefolder or "
+                   "synthetic",
                    cfg->dataset);
   }
   if (rc == 0 && ds->n == 0) {
@@ -551,6 +585,10 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
                         uint8_t *pixels, int *label, Error *err) {
   if (i < 0 || i >= ds->n) {
     return error_set(err, "%s: sample %lld is out of range", ds->describe, (long long)i);
+  }
+  if (ds->kind == DATASET_SYNTHETIC) {
+    load_synthetic(ds, i, pixels, label);
+    return 0;
   }
   Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
   if (ds->kind == DATASET_FASHION_MNIST) {

@@ -10,6 +10,7 @@
 // relative_position_index.
 #pragma once
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -31,8 +32,9 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms: same parameters as the CPU ones, as device pointers (index and mask uploaded once
-// by the caller), launched on `stream` with no synchronization. One thread block per (window,
-// head) keeps that head's q, k, v (and in the backward dO, P, dS) in shared memory.
+// by the caller), with q, k, v, out, dout and dqkv in the element type dt (F32, BF16 or F16;
+// arithmetic in f32, att in f32), launched on `stream` with no synchronization. One thread block
+// per (window, head) keeps that head's q, k, v (and in the backward dO, P, dS) in shared memory.
 //
 // Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
 // model's geometry is fixed when it is built, so check it there against these):
@@ -47,9 +49,9 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // out (BW, N, C), att (BW, heads, N, N), qkv (BW, N, 3C), table (rows, heads), index (N, N),
 // mask (nW, N, N) or NULL. Softmax with expf (the CPU uses its own fast_expf): results agree to
 // fp32 rounding, not bitwise.
-void window_attention_forward_cuda(float *out, float *att, const float *qkv, const float *table,
-                                   const int *index, const float *mask, int BW, int nW, int N,
-                                   int C, int heads, cudaStream_t stream);
+void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
+                                   const float *table, const int *index, const float *mask, int BW,
+                                   int nW, int N, int C, int heads, cudaStream_t stream);
 
 // Floats of scratch the backward needs: BW * heads * N * N (one dS per window and head).
 int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads);
@@ -65,9 +67,9 @@ int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads);
 // sums stored in fp32 over window 0's slot of scratch), and a third adds, per (table row, h),
 // the sums of all (i, j) with that index in a fixed order. Differences from the CPU: the
 // per-(h, i, j) sums are rounded to fp32 once before the per-row sum (CPU: double throughout).
-void window_attention_backward_cuda(float *dqkv, float *dtable, const float *dout, const float *qkv,
-                                    const float *att, const int *index, int BW, int N, int C,
-                                    int heads, float *scratch, cudaStream_t stream);
+void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
+                                    const void *qkv, const float *att, const int *index, int BW,
+                                    int N, int C, int heads, float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

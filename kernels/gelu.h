@@ -1,6 +1,7 @@
 // gelu.h: exact GELU, y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (not the tanh approximation).
 #pragma once
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -14,15 +15,15 @@ void gelu_forward_cpu(float *out, const float *inp, int64_t n);
 void gelu_backward_cpu(float *dinp, const float *inp, const float *dout, int64_t n);
 
 #ifdef SWIN_HAVE_CUDA
-// CUDA forms: same parameters, device pointers, launched on `stream` (no synchronization);
-// dinp may alias dout here too. Phi is CUDA's normcdff (at most 5 ulp) and phi an expf of
-// -x^2 / 2 with x^2 carried exactly, so both are within ~1e-6 relative of the exact values.
-// Unlike the CPU, GELU'(x) is not refitted next to its root x0 = -0.7518: there its two terms
-// (~0.23 each) cancel, and the derivative keeps an absolute error of up to ~2e-7 (relative
-// error unbounded as GELU' goes to 0), which the gradient dout * GELU' does not notice.
-// 16-byte accesses when the pointers are 16-byte aligned, else one float at a time.
-void gelu_forward_cuda(float *out, const float *inp, int64_t n, cudaStream_t stream);
-void gelu_backward_cuda(float *dinp, const float *inp, const float *dout, int64_t n,
+// CUDA forms on tensors of the element type dt (F32, BF16 or F16, arithmetic in f32), device
+// pointers, launched on `stream` (no synchronization); dinp may alias dout here too. Phi is
+// CUDA's normcdff (at most 5 ulp) and phi an expf of -x^2 / 2 with x^2 carried exactly, so both
+// are within ~1e-6 relative of the exact values. Unlike the CPU, GELU'(x) is not refitted next
+// to its root x0 = -0.7518: there its two terms (~0.23 each) cancel, and the derivative keeps an
+// absolute error of up to ~2e-7 (relative error unbounded as GELU' goes to 0), which the
+// gradient dout * GELU' does not notice. 16-byte accesses when the pointers are 16-byte aligned.
+void gelu_forward_cuda(DType dt, void *out, const void *inp, int64_t n, cudaStream_t stream);
+void gelu_backward_cuda(DType dt, void *dinp, const void *inp, const void *dout, int64_t n,
                         cudaStream_t stream);
 #endif
 

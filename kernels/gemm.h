@@ -1,4 +1,4 @@
-// gemm.h: single-precision matrix products for the CPU trainer, and the linear layer on top.
+// gemm.h: matrix products (f32 on the CPU; f32, bf16, f16 on CUDA) and the linear layer on top.
 //
 // gemm_cpu computes C = alpha * op(A) op(B) + beta * C on row-major matrices, where op(A) is
 // (M, K) and op(B) is (K, N). A is stored (M, K) with row stride lda, or (K, M) when transA;
@@ -10,10 +10,9 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
-// Outside the extern "C" block: cuda_runtime.h declares C++ templates.
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
+#include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
 
 #ifdef __cplusplus
@@ -35,39 +34,35 @@ void linear_backward_cpu(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int64_t N, int IC, int OC);
 
 #ifdef SWIN_HAVE_CUDA
-// CUDA forms, on cuBLAS. Differences from the CPU contract:
-// - They take a cublasHandle_t first instead of a trailing stream. The caller creates the
-//   handle and binds it to its stream with cublasSetStream; every launch here (cuBLAS and our
-//   own small kernels) goes to that stream (cublasGetStream), with no synchronization. The
-//   handle must be in CUBLAS_POINTER_MODE_HOST (cublasCreate's default): alpha, beta are host
-//   values.
-// - fp32 reference path: gemm_cuda sets the handle's math mode to CUBLAS_DEFAULT_MATH before
-//   each product, so fp32 products never run on TF32 tensor cores.
-// - Pointers are device pointers; sizes and leading dimensions must fit in int (cuBLAS's
-//   32-bit API); the process aborts with a message otherwise.
-// - Determinism: cuBLAS gives the same bits run after run on the same GPU model and toolkit
-//   only while one stream uses the handle's workspace at a time; with concurrent streams give
-//   each stream its own handle (or cublasSetWorkspace). Our bias-gradient reduction is a fixed
-//   two-pass partition.
+// CUDA forms, on cuBLASLt, for operands of element type F32, BF16 or F16 with f32 accumulation
+// (f32 products run in true fp32, never TF32: the reference path). A GemmContext owns the
+// cuBLASLt handle, a 32 MiB workspace, the stream every launch goes to (no synchronization), and
+// the algorithm chosen for each distinct problem (picked once, then reused: deterministic).
+// Pointers are device pointers; M, N, K must fit in int.
+typedef struct GemmContext GemmContext;
+GemmContext *gemm_context_create(cudaStream_t stream);
+void gemm_context_destroy(GemmContext *g);
+size_t gemm_context_bytes(void);  // device memory a context holds (its workspace)
 
-// gemm_cpu's row-major contract, computed as the column-major C^T = op(B)^T op(A)^T with
-// cublasSgemm. beta == 0 writes C without reading it; K == 0 gives C = beta C.
-void gemm_cuda(cublasHandle_t handle, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-               float *C, int64_t ldc);
-// out (N, OC) = inp (N, IC) weight^T + bias: the bias is broadcast into out, then the product
-// is added with beta = 1 (bias (OC) or NULL).
-void linear_forward_cuda(cublasHandle_t handle, float *out, const float *inp, const float *weight,
-                         const float *bias, int64_t N, int IC, int OC);
+// gemm_cpu's row-major contract with A, B of type ab and C of type cd (ab, or F32 to accumulate
+// low-precision products in f32); bias (N, type cd) or NULL is added to every row. beta == 0
+// writes C without reading it; K == 0 gives C = beta C.
+void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int64_t M, int64_t N,
+               int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+               float beta, void *C, int64_t ldc, const void *bias);
+// out (N, OC) = inp (N, IC) weight^T + bias, all of type dt (bias (OC) or NULL), the bias added
+// in cuBLASLt's epilogue.
+void linear_forward_cuda(GemmContext *g, DType dt, void *out, const void *inp, const void *weight,
+                         const void *bias, int64_t N, int IC, int OC);
 // Floats of scratch linear_backward_cuda needs to add dout's column sums to dbias.
 int64_t linear_backward_cuda_scratch(int64_t N, int OC);
-// dinp (N, IC) overwritten (skipped when NULL); dweight (OC, IC) and dbias (OC) accumulated
-// (+=), each skipped when NULL (unlike the CPU, dweight may be NULL). dbias += the column sums
-// of dout (N, OC), deterministically in two passes through scratch
-// (linear_backward_cuda_scratch(N, OC) floats of device memory; NULL when dbias is NULL).
-void linear_backward_cuda(cublasHandle_t handle, float *dinp, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight, int64_t N,
-                          int IC, int OC, float *scratch);
+// dinp (N, IC, dt) overwritten (skipped when NULL); dweight (OC, IC) and dbias (OC), f32,
+// accumulated (+=), each skipped when NULL (unlike the CPU, dweight may be NULL). dbias += the
+// column sums of dout (N, OC), deterministically in two passes through scratch
+// (linear_backward_cuda_scratch(N, OC) floats; NULL when dbias is NULL).
+void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, float *dbias,
+                          const void *dout, const void *inp, const void *weight, int64_t N, int IC,
+                          int OC, float *scratch);
 #endif
 
 #ifdef __cplusplus

@@ -3,6 +3,9 @@
 // Forward saves mean and rstd (N each) for the backward.
 #pragma once
 #include <stdint.h>
+
+#include "kernels/window.h"
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -21,27 +24,56 @@ void layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, const float *mean,
                             const float *rstd, int64_t N, int C);
 
+// Residual add + LayerNorm: the op between two GEMM groups of a Swin block, fused on the GPU
+// with the window partition / reverse on either side. Over the B*L tokens t = (b, y, x) of a
+// (B, H, W, C) map (L = H*W):
+//   x_out[t] = x_in[t] + scale[b] * branch[bmap(t)]     (branch given; scale NULL = 1)
+//   ln_out[lmap(t)] = LN(x_out[t]); mean, rstd (B*L) saved (ln_out given)
+// bmap(t), lmap(t) = window_row(map, t) when branch_map / ln_map is given, else t. Without a
+// branch, x_out is x_in (x_out NULL or == x_in: nothing written). Without ln_out it is a plain
+// residual add. Uses in the model: LN1 (+ the previous block's MLP residual) to the windows of
+// the attention; the attention residual (from the windows) + LN2; the last residual + the final
+// LN; the patch-embedding LN.
+// scratch: 2*B*L*C floats (the CPU composes reverse, residual, LayerNorm and partition).
+void residual_layernorm_forward_cpu(float *x_out, float *ln_out, float *mean, float *rstd,
+                                    const float *x_in, const float *branch,
+                                    const WindowMap *branch_map, const float *scale,
+                                    const float *weight, const float *bias, const WindowMap *ln_map,
+                                    int B, int64_t L, int C, float *scratch);
+// The backward, with x the LayerNorm input (the forward's x_out):
+//   g[t] = dres_in[t] (or 0 when NULL) + LN_backward(dln[lmap(t)]) (dln given)
+//   dres_out[t] = g[t] (dres_out given; may alias dres_in); dbranch[bmap(t)] = scale[b] g[t]
+//   dweight, dbias accumulated (+=) when dln is given.
+void residual_layernorm_backward_cpu(float *dres_out, float *dbranch, float *dweight, float *dbias,
+                                     const float *dres_in, const float *dln, const float *x,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const WindowMap *ln_map, int B, int64_t L, int C,
+                                     float *scratch);
+
 #ifdef SWIN_HAVE_CUDA
-// CUDA forms: same parameters, device pointers, launched on `stream` (no synchronization).
-// Statistics are reduced in fp32 (warp shuffles over one row, C <= a few thousand) rather than
-// double, so mean, rstd and dinp may differ from the CPU in the last bits. 16-byte loads when
-// C % 4 == 0 and the row pointers are 16-byte aligned, else one float at a time.
-void layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *inp,
-                            const float *weight, const float *bias, int64_t N, int C,
-                            cudaStream_t stream);
-// The backward writes per-row-block partial sums of dout * xhat and dout (fp32) to scratch,
-// then a second kernel adds them in a fixed order (in double) into dweight and dbias: the
-// partition depends only on (N, C), so the result is bitwise the same run after run.
-// scratch: device floats, at least layernorm_backward_cuda_scratch(N, C) of them (at most
-// 2048 * C), contents ignored and overwritten. Limit: C <= 29056 (one warp's two C-float
-// accumulators must fit in a block's 227 KiB of shared memory; past C = 6144 the kernel opts in
-// to more than the default 48 KiB).
-void layernorm_backward_cuda(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int64_t N, int C, float *scratch,
-                             cudaStream_t stream);
-// Floats of scratch that layernorm_backward_cuda needs for (N, C).
-int64_t layernorm_backward_cuda_scratch(int64_t N, int C);
+// CUDA forms of the fused op: device pointers, the act tensors (x_out, ln_out, x_in, branch,
+// dbranch, dln, x) of element type dt (F32, BF16 or F16), statistics, scales, parameters and
+// dres in f32, launched on `stream` (no synchronization). The maps are read at the call (host
+// structs). The forward stores x_out in dt and normalizes the stored value, so the backward sees
+// what the forward saw. Statistics are reduced in fp32 (warp shuffles over one row) rather than
+// double, so results may differ from the CPU in the last bits. With a branch, x_out must be
+// given (it may be x_in). The backward's parameter gradients go through scratch
+// (residual_layernorm_backward_cuda_scratch(B*L, C) floats) in a fixed order: bitwise the same
+// run after run.
+void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float *mean, float *rstd,
+                                     const void *x_in, const void *branch,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const float *weight, const float *bias,
+                                     const WindowMap *ln_map, int B, int64_t L, int C,
+                                     cudaStream_t stream);
+int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C);
+void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dweight,
+                                      float *dbias, const float *dres_in, const void *dln,
+                                      const void *x, const float *weight, const float *mean,
+                                      const float *rstd, const WindowMap *branch_map,
+                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
+                                      int C, float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

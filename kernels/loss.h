@@ -5,7 +5,9 @@
 // given (it should sum to 1). loss = mean over b of -sum_k target[b][k] log softmax(logits)[b][k],
 // computed with the max subtracted, in double for the sum.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -25,22 +27,26 @@ void topk_correct_cpu(const float *logits, const int *labels, int B, int K, int 
 #ifdef SWIN_HAVE_CUDA
 // CUDA form of the loss. A mean cannot be returned without a synchronization, so instead
 // losses (B), a device array, receives each row's loss (the CPU's row term, computed in double and
-// rounded to float); the caller synchronizes when it needs the number and takes the mean on the
-// host, in double, in row order. The other parameters are the CPU ones as device pointers: dlogits
-// (B, K) overwritten with (softmax - target) / B (may be NULL), logits (B, K), exactly one of
-// labels (B) and soft_targets (B, K) non-NULL; smoothing, B, K by value. One block per row, the
-// same double arithmetic as the CPU, fixed-order reductions (deterministic). An out-of-range label
-// gives a NaN loss and a NaN dlogits row, as on the CPU. Launched on `stream`.
+// rounded to float), and losses_accumulate_cuda adds them up on the device. The other parameters
+// are the CPU ones as device pointers: dlogits (B, K) overwritten with (softmax - target) / B
+// times *grad_scale (a device float, the loss scale; NULL = 1) (may be NULL), logits (B, K),
+// exactly one of labels (B) and soft_targets (B, K) non-NULL; smoothing, B, K by value. One block
+// per row, the same double arithmetic as the CPU, fixed-order reductions (deterministic). An
+// out-of-range label gives a NaN loss and a NaN dlogits row, as on the CPU. Launched on `stream`.
 void cross_entropy_forward_backward_cuda(float *losses, float *dlogits, const float *logits,
                                          const int *labels, const float *soft_targets,
-                                         float smoothing, int B, int K, cudaStream_t stream);
-// CUDA form of the top-1 / top-5 count: logits (B, K) and labels (B) on the device; top1 and
-// top5 each point to one device int, overwritten with the count as on the CPU (zeroed on the
-// stream, then integer atomic adds: exact, so the counts are deterministic). To count several
-// batches without a synchronization each, give each batch its own pair of ints and download
-// them together.
-void topk_correct_cuda(const float *logits, const int *labels, int B, int K, int *top1, int *top5,
-                       cudaStream_t stream);
+                                         float smoothing, const float *grad_scale, int B, int K,
+                                         cudaStream_t stream);
+// On the device, in row order (double): with mean, *sum += the mean of losses (B) and *count +=
+// 1 when that mean is finite, else *bad += 1 (bad may be NULL); without, *sum += their sum and
+// *count += B.
+void losses_accumulate_cuda(double *sum, int64_t *count, int64_t *bad, const float *losses, int B,
+                            bool mean, cudaStream_t stream);
+// Adds the top-1 / top-5 hits of logits (B, K) against labels (B) to *top1 and *top5 (int64 on
+// the device; integer atomic adds are exact, so the counts are deterministic). Ties go to the
+// lower class index, as on the CPU.
+void topk_accumulate_cuda(const float *logits, const int *labels, int B, int K, int64_t *top1,
+                          int64_t *top5, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -13,6 +13,7 @@
 //   (dy, dx) = (0,0), (1,0), (0,1), (1,1) for k = 0..3.
 #pragma once
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -32,23 +33,39 @@ void patch_merge_backward_cpu(float *dtokens, const float *dmerged, int B, int H
 void images_normalize_cpu(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
                           const float *mean, const float *std);
 
+// Patch merging with its LayerNorm over the 4C merged channels, as one op:
+//   out (B, H/2, W/2, 4C) = LN(merge(tokens)); mean, rstd (B*H/2*W/2) saved.
+// The backward recomputes the gather from tokens: dtokens (B, H, W, C) overwritten from
+// dout (B, H/2, W/2, 4C); dweight, dbias (4C) accumulated.
+// scratch: 2 * B*H*W*C floats (the CPU composes gather, LayerNorm and scatter).
+void merge_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *tokens,
+                                 const float *weight, const float *bias, int B, int H, int W, int C,
+                                 float *scratch);
+void merge_layernorm_backward_cpu(float *dtokens, float *dweight, float *dbias, const float *dout,
+                                  const float *tokens, const float *weight, const float *mean,
+                                  const float *rstd, int B, int H, int W, int C, float *scratch);
+
 #ifdef SWIN_HAVE_CUDA
-// CUDA forms: same parameters, device pointers (mean and std too: (Cin) floats the caller
-// uploads once), launched on `stream` without synchronization; inputs and outputs must not
-// overlap. Gather and merge copy whole rows with the threads of a row striding over it (16-byte
-// chunks for merging when C % 4 == 0 and the pointers are 16-byte aligned), so both sides are
-// coalesced. Limit for gather and merge: B*H*W (pixels or tokens) < 2^31; element offsets are
-// 64-bit everywhere.
-void patch_gather_cuda(float *patches, const float *images, int B, int H, int W, int Cin, int p,
-                       cudaStream_t stream);
-void patch_merge_forward_cuda(float *merged, const float *tokens, int B, int H, int W, int C,
-                              cudaStream_t stream);
-// As on the CPU, dtokens is overwritten in full: with odd H or W the last row/column gets 0.
-void patch_merge_backward_cuda(float *dtokens, const float *dmerged, int B, int H, int W, int C,
-                               cudaStream_t stream);
-// pixels (B, H, W, Cin) uint8 on the device -> images (B, H, W, Cin), the same fp32 arithmetic.
-void images_normalize_cuda(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
-                           const float *mean, const float *std, cudaStream_t stream);
+// CUDA forms (device pointers, launched on `stream` without synchronization; outputs of element
+// type dt, F32, BF16 or F16):
+// The patch-embedding input in one pass: patches (B, H/p, W/p, Cin*p*p) gathered from input
+// (B, H, W, Cin), uint8 pixels normalized as images_normalize_cpu does (input_dtype U8; mean,
+// std are host arrays of Cin <= 4 values) or normalized f32 images (F32: mean, std unused).
+void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType input_dtype,
+                            const float *mean, const float *std, int B, int H, int W, int Cin,
+                            int p, cudaStream_t stream);
+// Patch merging + LayerNorm (the gather folded into the LayerNorm's loads; H and W even): out,
+// tokens, dout of type dt; dtokens (f32) overwritten in full; statistics in f32 as in
+// kernels/layernorm.h; scratch: merge_layernorm_backward_cuda_scratch floats, fixed-order
+// parameter-gradient sums.
+void merge_layernorm_forward_cuda(DType dt, void *out, float *mean, float *rstd, const void *tokens,
+                                  const float *weight, const float *bias, int B, int H, int W,
+                                  int C, cudaStream_t stream);
+int64_t merge_layernorm_backward_cuda_scratch(int B, int H, int W, int C);
+void merge_layernorm_backward_cuda(DType dt, float *dtokens, float *dweight, float *dbias,
+                                   const void *dout, const void *tokens, const float *weight,
+                                   const float *mean, const float *rstd, int B, int H, int W, int C,
+                                   float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

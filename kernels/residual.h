@@ -7,6 +7,7 @@
 // counter-based RNG, so results never depend on threads.
 #pragma once
 #include <stdint.h>
+#include "src/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -28,18 +29,18 @@ void mean_pool_forward_cpu(float *out, const float *inp, int B, int L, int C);
 void mean_pool_backward_cpu(float *dinp, const float *dout, int B, int L, int C);
 
 #ifdef SWIN_HAVE_CUDA
-// CUDA forms: same parameters, device pointers (scale too: (B) on the device, or NULL),
-// launched on `stream` (no synchronization); the same aliasing is allowed (out == x,
-// dbranch == dout). The forward's x + s * branch is one fma, so it may differ from the CPU in
-// the last bit; the backward and both mean-pool kernels round exactly as the CPU does (the pool
-// sums its L tokens in double in the same order), so they give the CPU's bits. 16-byte accesses
-// when the layout allows (L % 4 == 0 or C % 4 == 0 and aligned pointers), else one float.
-void residual_forward_cuda(float *out, const float *x, const float *branch, const float *scale,
-                           int B, int64_t L, cudaStream_t stream);
-void residual_backward_cuda(float *dbranch, const float *dout, const float *scale, int B, int64_t L,
+// CUDA forms (device pointers, launched on `stream`, no synchronization). The residual add is
+// fused into the LayerNorm kernels on the GPU (kernels/layernorm.h), so only these remain:
+// Drop-path scales (units, B): scale of unit u, sample b is 0 or 1 / keep with keep = 1 -
+// rates[u / 2], drawn from rng_u32_at(seed, RNG_STREAM_DROP_PATH, step, u, b) as the CPU model
+// draws them (the same bits).
+void drop_path_scales_cuda(float *scales, const float *rates, int units, int B, uint64_t seed,
+                           int64_t step, cudaStream_t stream);
+// Mean pool with inp (B, L, C) and dinp of element type dt, out and dout f32; the forward sums
+// its L tokens in double in order, as the CPU.
+void mean_pool_forward_cuda(DType dt, float *out, const void *inp, int B, int L, int C,
                             cudaStream_t stream);
-void mean_pool_forward_cuda(float *out, const float *inp, int B, int L, int C, cudaStream_t stream);
-void mean_pool_backward_cuda(float *dinp, const float *dout, int B, int L, int C,
+void mean_pool_backward_cuda(DType dt, void *dinp, const float *dout, int B, int L, int C,
                              cudaStream_t stream);
 #endif
 

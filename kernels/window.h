@@ -10,13 +10,32 @@
 // Both maps are permutations, so each one's backward is the other one.
 #pragma once
 #include <stdint.h>
-#ifdef SWIN_HAVE_CUDA
-#include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
-#endif
+
+#include "src/hostdev.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// The window order of one stage's map, for ops that read or write tokens in it directly (the
+// fused residual + LayerNorm ops fold partition and reverse into their loads and stores).
+typedef struct {
+  int H, W;    // map
+  int wh, ww;  // window
+  int sh, sw;  // cyclic shift (0 for unshifted blocks)
+} WindowMap;
+
+// Row of token (b, y, x) in the windows (B * nW, wh * ww) of map m: the token sits at
+// ((y - sh) mod H, (x - sw) mod W) of the rolled map, i.e. in window (i / wh, j / ww) at (i % wh,
+// j % ww). Partition writes that row from token (b, y, x); reverse reads it back.
+static inline SWIN_HOSTDEV int64_t window_row(const WindowMap *m, int64_t b, int y, int x) {
+  int i = y - m->sh, j = x - m->sw;
+  if (i < 0) i += m->H;
+  if (j < 0) j += m->W;
+  int nWw = m->W / m->ww;
+  int64_t w = b * ((int64_t)(m->H / m->wh) * nWw) + (int64_t)(i / m->wh) * nWw + j / m->ww;
+  return w * (m->wh * m->ww) + (i % m->wh) * m->ww + j % m->ww;
+}
 
 // windows (B*nW, wh*ww, C) <- tokens (B, H, W, C)
 void window_partition_cpu(float *windows, const float *tokens, int B, int H, int W, int C, int wh,
@@ -36,19 +55,9 @@ void relative_position_index(int *index, int wh, int ww);
 // with shift 0 has one region.
 void attention_mask_build(float *mask, int H, int W, int wh, int ww, int sh, int sw);
 
-#ifdef SWIN_HAVE_CUDA
-// CUDA forms of the two permutations: same parameters, device pointers, launched on `stream`
-// (no synchronization). tokens and windows must not overlap. One thread moves one C-vector
-// chunk (16 bytes when C % 4 == 0 and both pointers are 16-byte aligned, else one float), so
-// accesses are coalesced over C. Limit: B*H*W tokens < 2^31 (element offsets are 64-bit).
-//
-// relative_position_index and attention_mask_build have no CUDA form: they depend only on the
-// geometry, so the caller builds them once on the host and uploads the results.
-void window_partition_cuda(float *windows, const float *tokens, int B, int H, int W, int C, int wh,
-                           int ww, int sh, int sw, cudaStream_t stream);
-void window_reverse_cuda(float *tokens, const float *windows, int B, int H, int W, int C, int wh,
-                         int ww, int sh, int sw, cudaStream_t stream);
-#endif
+// No CUDA forms: on the GPU the two permutations are folded into the loads and stores of the
+// fused LayerNorm kernels (kernels/layernorm.h, through window_row), and the index and mask
+// depend only on the geometry, so the model builds them once on the host and uploads them.
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,16 @@
-// adamw.cu: the CUDA AdamW update of optim/adamw.h, one fused elementwise pass: each element's
-// gradient, moments and weight are read and written once (5 streams of n floats), 16 bytes at a
-// time when all four arrays are 16-byte aligned.
+// adamw.cu: one optimizer update on CUDA (optim/optimizer.h), with no host round trip: the
+// global gradient norm (optim/clip.cu), a one-thread kernel that takes the step's decisions
+// (optimizer_decide: skip a non-finite step, clip, the loss scale, AdamW's bias corrections),
+// and one launch of the fused AdamW over the chunk table, which also writes the compute copy.
+// Each element's gradient, moments and weight are read and written once (5 streams of n floats,
+// plus the compute copy), 16 bytes at a time.
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
 #include "src/cuda_util.h"
 
 namespace {
@@ -14,81 +19,141 @@ using namespace swin_cuda;
 
 constexpr int kThreadsPerBlock = 256;
 
-// What one step needs per element; the step-dependent factors are computed once on the host.
-struct AdamWStep {
-  float beta1, beta2, eps;
-  float decay;       // 1 - lr * wd: decoupled decay, applied before the Adam step as torch does
+// What one step applies to every element, written by the decide kernel.
+struct StepScalars {
+  int skip;
+  float grad_scale;  // clip coefficient / loss scale
   float step_size;   // lr / (1 - beta1^t)
   float bias2_sqrt;  // sqrt(1 - beta2^t)
-  float grad_scale;
 };
+
+// The bias corrections in double, exactly as adamw_update_cpu computes them.
+__global__ void optimizer_decide_kernel(StepScalars *out, OptimState *state,
+                                        const double *sum_squares, OptimizerStep h) {
+  StepDecision d = optimizer_decide(state, *sum_squares, h);
+  StepScalars s = {d.skip ? 1 : 0, d.grad_scale, 0.0f, 1.0f};
+  if (!d.skip) {
+    double bias1 = 1.0 - pow((double)h.beta1, (double)d.t);
+    double bias2 = 1.0 - pow((double)h.beta2, (double)d.t);
+    s.step_size = (float)((double)h.lr / bias1);
+    s.bias2_sqrt = (float)sqrt(bias2);
+  }
+  *out = s;
+}
 
 // The CPU's element update, written the same way.
 __device__ __forceinline__ void adamw_element(float &p, float grad, float &m, float &v,
-                                              const AdamWStep &s) {
+                                              const StepScalars &s, const OptimizerStep &h,
+                                              float decay) {
   float g = grad * s.grad_scale;
-  float mi = s.beta1 * m + (1.0f - s.beta1) * g;
-  float vi = s.beta2 * v + (1.0f - s.beta2) * g * g;
+  float mi = h.beta1 * m + (1.0f - h.beta1) * g;
+  float vi = h.beta2 * v + (1.0f - h.beta2) * g * g;
   m = mi;
   v = vi;
-  p = p * s.decay - s.step_size * mi / (sqrtf(vi) / s.bias2_sqrt + s.eps);
+  p = p * decay - s.step_size * mi / (sqrtf(vi) / s.bias2_sqrt + h.eps);
 }
 
-// One thread per VEC consecutive elements, the ragged tail one float at a time; VEC is 4 only
-// when every pointer is 16-byte aligned.
-template <int VEC>
+// Block b updates chunk b: 4 elements per thread per iteration with 16-byte accesses (chunk
+// offsets are multiples of 4 and the buffers 16-byte aligned), the ragged tail one at a time.
+// compute (the weights in the compute type) is written when given.
+template <typename T>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    adamw_kernel(float *__restrict__ param, const float *__restrict__ grad, float *__restrict__ m,
-                 float *__restrict__ v, int64_t n, AdamWStep s) {
-  int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  if (VEC == 4 && i + 4 <= n) {
-    float4 p4 = *reinterpret_cast<float4 *>(param + i);
-    float4 g4 = *reinterpret_cast<const float4 *>(grad + i);
-    float4 m4 = *reinterpret_cast<float4 *>(m + i);
-    float4 v4 = *reinterpret_cast<float4 *>(v + i);
-    adamw_element(p4.x, g4.x, m4.x, v4.x, s);
-    adamw_element(p4.y, g4.y, m4.y, v4.y, s);
-    adamw_element(p4.z, g4.z, m4.z, v4.z, s);
-    adamw_element(p4.w, g4.w, m4.w, v4.w, s);
-    *reinterpret_cast<float4 *>(param + i) = p4;
-    *reinterpret_cast<float4 *>(m + i) = m4;
-    *reinterpret_cast<float4 *>(v + i) = v4;
-  } else {
-    for (int64_t end = i + VEC < n ? i + VEC : n; i < end; i++) {
-      float p = param[i], mi = m[i], vi = v[i];
-      adamw_element(p, grad[i], mi, vi, s);
-      param[i] = p;
-      m[i] = mi;
-      v[i] = vi;
+    adamw_chunks_kernel(float *__restrict__ params, T *__restrict__ compute,
+                        const float *__restrict__ grads, float *__restrict__ m,
+                        float *__restrict__ v, const AdamWChunk *__restrict__ chunks,
+                        const StepScalars *__restrict__ scalars, OptimizerStep h) {
+  const StepScalars s = *scalars;
+  if (s.skip) return;
+  const AdamWChunk ch = chunks[blockIdx.x];
+  const float decay = 1.0f - h.lr * ch.weight_decay;  // torch's decoupled decay, as on the CPU
+  const int64_t base = ch.offset;
+  int i = threadIdx.x * 4;
+  for (; i + 4 <= ch.count; i += blockDim.x * 4) {
+    int64_t e = base + i;
+    float4 p4 = *reinterpret_cast<float4 *>(params + e);
+    float4 g4 = *reinterpret_cast<const float4 *>(grads + e);
+    float4 m4 = *reinterpret_cast<float4 *>(m + e);
+    float4 v4 = *reinterpret_cast<float4 *>(v + e);
+    adamw_element(p4.x, g4.x, m4.x, v4.x, s, h, decay);
+    adamw_element(p4.y, g4.y, m4.y, v4.y, s, h, decay);
+    adamw_element(p4.z, g4.z, m4.z, v4.z, s, h, decay);
+    adamw_element(p4.w, g4.w, m4.w, v4.w, s, h, decay);
+    *reinterpret_cast<float4 *>(params + e) = p4;
+    *reinterpret_cast<float4 *>(m + e) = m4;
+    *reinterpret_cast<float4 *>(v + e) = v4;
+    if (compute) {
+      compute[e] = from_float<T>(p4.x);
+      compute[e + 1] = from_float<T>(p4.y);
+      compute[e + 2] = from_float<T>(p4.z);
+      compute[e + 3] = from_float<T>(p4.w);
     }
   }
+  // The tail (count % 4 elements) goes to the first threads, one element each.
+  for (int t = (ch.count & ~3) + threadIdx.x; t < ch.count; t += blockDim.x) {
+    int64_t e = base + t;
+    float p = params[e], mi = m[e], vi = v[e];
+    adamw_element(p, grads[e], mi, vi, s, h, decay);
+    params[e] = p;
+    m[e] = mi;
+    v[e] = vi;
+    if (compute) compute[e] = from_float<T>(p);
+  }
+}
+
+// dst (n, T) = src (n, f32).
+template <typename T>
+__global__ void to_compute_kernel(T *__restrict__ dst, const float *__restrict__ src, int64_t n) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = from_float<T>(src[i]);
+}
+
+// The scratch layout: the sum of squares (a double), the step scalars, then clip.cu's partials.
+struct Scratch {
+  double *sum_squares;
+  StepScalars *scalars;
+  float *partials;
+};
+
+Scratch split_scratch(float *scratch) {
+  uintptr_t p = ((uintptr_t)scratch + 15) & ~(uintptr_t)15;
+  Scratch s;
+  s.sum_squares = reinterpret_cast<double *>(p);
+  s.scalars = reinterpret_cast<StepScalars *>(p + 16);
+  s.partials = reinterpret_cast<float *>(p + 16 + ((sizeof(StepScalars) + 15) & ~(size_t)15));
+  return s;
 }
 
 }  // namespace
 
-void adamw_update_cuda(float *param, const float *grad, float *m, float *v, int64_t n,
-                       AdamWHyper hyper, int64_t step, float grad_scale, cudaStream_t stream) {
-  if (n <= 0) return;
-  // Bias corrections in double, exactly as adamw_update_cpu: at step 1e5 beta2^t is within a
-  // few ulps of 0 in float, and 1 - beta2^t for small t loses digits in float.
-  double bias1 = 1.0 - pow((double)hyper.beta1, (double)step);
-  double bias2 = 1.0 - pow((double)hyper.beta2, (double)step);
-  AdamWStep s;
-  s.beta1 = hyper.beta1;
-  s.beta2 = hyper.beta2;
-  s.eps = hyper.eps;
-  s.decay = 1.0f - hyper.lr * hyper.weight_decay;
-  s.step_size = (float)((double)hyper.lr / bias1);
-  s.bias2_sqrt = (float)sqrt(bias2);
-  s.grad_scale = grad_scale;
-  const bool vec4 = aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v);
-  const int vec = vec4 ? 4 : 1;
-  const int64_t per_block = (int64_t)kThreadsPerBlock * vec;
-  const unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
-  if (vec4) {
-    adamw_kernel<4><<<blocks, kThreadsPerBlock, 0, stream>>>(param, grad, m, v, n, s);
+int64_t optimizer_step_cuda_scratch(int64_t n) {
+  return 16 + grad_sum_squares_cuda_scratch(n);
+}
+
+void optimizer_step_cuda(DType compute_dtype, float *params, void *compute, const float *grads,
+                         float *m, float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
+                         OptimizerStep hyper, OptimState *state, float *scratch,
+                         cudaStream_t stream) {
+  Scratch s = split_scratch(scratch);
+  grad_sum_squares_cuda(grads, n, s.sum_squares, s.partials, stream);
+  optimizer_decide_kernel<<<1, 1, 0, stream>>>(s.scalars, state, s.sum_squares, hyper);
+  CUDA_CHECK_LAUNCH();
+  if (num_chunks <= 0) return;
+  if (!compute) {
+    adamw_chunks_kernel<float><<<(unsigned)num_chunks, kThreadsPerBlock, 0, stream>>>(
+        params, nullptr, grads, m, v, chunks, s.scalars, hyper);
   } else {
-    adamw_kernel<1><<<blocks, kThreadsPerBlock, 0, stream>>>(param, grad, m, v, n, s);
+    SWIN_DISPATCH(compute_dtype, T,
+                  adamw_chunks_kernel<T><<<(unsigned)num_chunks, kThreadsPerBlock, 0, stream>>>(
+                      params, static_cast<T *>(compute), grads, m, v, chunks, s.scalars, hyper));
   }
+  CUDA_CHECK_LAUNCH();
+}
+
+void to_compute_cuda(DType dt, void *dst, const float *src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  SWIN_DISPATCH(dt, T,
+                to_compute_kernel<T>
+                <<<blocks_for(n, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
+                    static_cast<T *>(dst), src, n));
   CUDA_CHECK_LAUNCH();
 }

@@ -22,15 +22,8 @@ typedef struct {
 void adamw_update_cpu(float *param, const float *grad, float *m, float *v, int64_t n,
                       AdamWHyper hyper, int64_t step, float grad_scale);
 
-#ifdef SWIN_HAVE_CUDA
-// CUDA form: same parameters, device pointers (hyper, step and grad_scale by value), launched on
-// `stream` (no synchronization). The bias corrections are computed on the host in double, as on
-// the CPU; the element math is the CPU's, but nvcc fuses multiply-adds, so results may differ
-// from the CPU in the last bits (they are the same run after run). 16-byte accesses when all
-// four pointers are 16-byte aligned, else one float at a time.
-void adamw_update_cuda(float *param, const float *grad, float *m, float *v, int64_t n,
-                       AdamWHyper hyper, int64_t step, float grad_scale, cudaStream_t stream);
-#endif
+// On the GPU the update runs fused over the whole flat buffer (optim/optimizer.h,
+// optim/adamw.cu), with the same element arithmetic.
 
 #ifdef __cplusplus
 }

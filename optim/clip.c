@@ -38,12 +38,3 @@ double grad_sum_squares_cpu(const float *grad, int64_t n) {  // grad: (n)
   for (int c = 0; c < SUM_SQUARES_CHUNKS; c++) sum += partial[c];
   return sum;
 }
-
-float clip_coefficient(double norm, float max_norm) {
-  if (max_norm <= 0) return 1.0f;
-  double coefficient = (double)max_norm / (norm + 1e-6);
-  // A NaN norm gives a NaN coefficient (as torch's clamp does), so a broken step poisons the
-  // update visibly instead of being applied unclipped.
-  if (isnan(coefficient)) return NAN;
-  return coefficient < 1.0 ? (float)coefficient : 1.0f;
-}

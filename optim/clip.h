@@ -2,7 +2,10 @@
 //   norm = sqrt(sum of squares of every gradient element),
 //   coefficient = min(1, max_norm / (norm + 1e-6)), gradients scaled by it.
 #pragma once
+#include <math.h>
 #include <stdint.h>
+
+#include "src/hostdev.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -14,7 +17,14 @@ extern "C" {
 // Sum of squares of grad (n) accumulated in double.
 double grad_sum_squares_cpu(const float *grad, int64_t n);
 // The factor to multiply gradients by; 1 when max_norm <= 0 (clipping off) or the norm is small.
-float clip_coefficient(double norm, float max_norm);
+// A NaN norm gives a NaN coefficient (as torch's clamp does), so a broken step poisons the update
+// visibly instead of being applied unclipped.
+static inline SWIN_HOSTDEV float clip_coefficient(double norm, float max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  double coefficient = (double)max_norm / (norm + 1e-6);
+  if (isnan(coefficient)) return NAN;
+  return coefficient < 1.0 ? (float)coefficient : 1.0f;
+}
 
 #ifdef SWIN_HAVE_CUDA
 // CUDA form of grad_sum_squares_cpu: the sum of squares of grad (n, device) in double, written

@@ -105,6 +105,10 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
   safetensors_writer_meta(&w, "seed", value);
   snprintf(value, sizeof value, "%.17g", state->loss_scale);
   safetensors_writer_meta(&w, "loss_scale", value);
+  snprintf(value, sizeof value, "%d", state->scale_good_steps);
+  safetensors_writer_meta(&w, "loss_scale_good_steps", value);
+  snprintf(value, sizeof value, "%" PRId64, state->skipped);
+  safetensors_writer_meta(&w, "skipped_steps", value);
 
   // Tensor names live as long as the writer: build them in one block.
   char(*names)[2][128] = malloc_check(sizeof *names * (size_t)m->num_params);
@@ -199,12 +203,20 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
   s.seed = (uint64_t)seed;
   const char *scale = safetensors_meta_get(&st, "loss_scale");
   s.loss_scale = scale ? atof(scale) : 1.0;
+  // Absent in checkpoints written before the GPU trainer: no skips, a fresh scaler.
+  int64_t good = 0;
+  if (safetensors_meta_get(&st, "loss_scale_good_steps") &&
+      meta_int(&st, "loss_scale_good_steps", &good, err))
+    goto done;
+  s.scale_good_steps = (int32_t)good;
+  if (safetensors_meta_get(&st, "skipped_steps") && meta_int(&st, "skipped_steps", &s.skipped, err))
+    goto done;
 
   // Stage into temporaries so a bad tensor leaves the model untouched.
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
-  w = malloc_check(bytes);
-  ea = malloc_check(bytes);
-  eas = malloc_check(bytes);
+  w = calloc_check(1, bytes);  // zeros in the alignment gaps between tensors
+  ea = calloc_check(1, bytes);
+  eas = calloc_check(1, bytes);
   for (int i = 0; i < m->num_params; i++) {
     const ParamInfo *p = &m->params[i];
     char name[160];

@@ -92,13 +92,16 @@ static const ConfigKey config_keys[] = {
      TEXT(init_from)},
     {"seed", KEY_UINT64, "0", "seed of every random draw (init, augmentation, drop path, shuffle)",
      SCALAR(seed)},
-    {"device", KEY_ENUM, "cpu", "where to train; only cpu for now", TEXT(device), .choices = "cpu",
-     .later = "*", .later_why = "the CUDA backend is not implemented yet"},
+    {"device", KEY_ENUM, "auto",
+     "where to train, evaluate and predict: auto (cuda when a GPU is usable, else cpu), cpu or "
+     "cuda",
+     TEXT(device), .choices = "auto|cpu|cuda"},
     {"threads", KEY_INT, "0", "OpenMP threads for the CPU kernels; 0 = all cores", SCALAR(threads),
      .range = AT_LEAST(0)},
-    {"precision", KEY_ENUM, "fp32", "compute precision of weights and activations", TEXT(precision),
-     .choices = "fp32", .later = "bf16|fp16",
-     .later_why = "bf16 and fp16 are not implemented yet in the CPU trainer"},
+    {"precision", KEY_ENUM, "fp32",
+     "compute type of activations and GEMM weights: fp32, bf16 or fp16 (cuda only; fp32 master "
+     "weights and AdamW state either way; fp16 adds dynamic loss scaling)",
+     TEXT(precision), .choices = "fp32|bf16|fp16"},
 
     // [model]
     {"model.img_size", KEY_INT_PAIR, "224", "input image size: N (square) or H,W",
@@ -160,6 +163,20 @@ static const ConfigKey config_keys[] = {
      SCALAR(clip_grad), .range = AT_LEAST(0)},
     {"train.label_smoothing", KEY_FLOAT, "0.1", "label smoothing of the cross-entropy target",
      SCALAR(label_smoothing), .range = FROM_BELOW(0, 1)},
+    {"train.loss_scale", KEY_FLOAT, "65536",
+     "fp16: initial dynamic loss scale (halved and the step skipped on inf/nan gradients, "
+     "doubled after train.loss_scale_window clean steps)",
+     SCALAR(loss_scale), .range = ABOVE(0)},
+    {"train.loss_scale_window", KEY_INT, "2000", "fp16: clean steps before the loss scale doubles",
+     SCALAR(loss_scale_window), .range = AT_LEAST(1)},
+    {"train.nonfinite", KEY_ENUM, "stop",
+     "on a non-finite loss or gradient: stop (exit with an error; the last checkpoint stays) or "
+     "skip (drop the step, count it, stop after train.nonfinite_max in a row); the step is "
+     "never applied",
+     TEXT(nonfinite), .choices = "stop|skip"},
+    {"train.nonfinite_max", KEY_INT, "20",
+     "steps in a row that may be skipped (non-finite, or fp16 overflow) before the run stops",
+     SCALAR(nonfinite_max), .range = AT_LEAST(1)},
     {"train.log_every", KEY_INT, "50", "steps between progress lines and metrics.jsonl records",
      SCALAR(log_every), .range = AT_LEAST(1)},
     {"train.eval_every", KEY_INT, "0", "steps between evaluations; 0 = at the end of every epoch",
@@ -169,8 +186,9 @@ static const ConfigKey config_keys[] = {
 
     // [data]
     {"data.dataset", KEY_ENUM, "imagefolder",
-     "fashion_mnist (IDX files) or imagefolder (one directory per class)", TEXT(dataset),
-     .choices = "fashion_mnist|imagefolder"},
+     "fashion_mnist (IDX files), imagefolder (one directory per class) or synthetic (random "
+     "pixels and labels, for benchmarks and tests: data.train_limit images, 12800 if 0)",
+     TEXT(dataset), .choices = "fashion_mnist|imagefolder|synthetic"},
     {"data.path", KEY_STRING, "",
      "fashion_mnist: the directory with the IDX(.gz) files; imagefolder: the root holding "
      "train/ and val/",
@@ -1059,6 +1077,13 @@ static int validate_data_and_train(const Config *c, Error *err) {
   if (std_count != 1 && std_count != c->in_chans)
     return error_set(err, "data.std has %d values but model.in_chans is %d\nHINT: give %s",
                      std_count, c->in_chans, counts);
+  if (strcmp(c->device, "cpu") == 0 && strcmp(c->precision, "fp32") != 0)
+    return error_set(err,
+                     "precision=%s needs the CUDA backend, but device=cpu (the CPU computes in "
+                     "fp32 only)\n"
+                     "HINT: set precision=fp32, or device=cuda (or auto on a GPU "
+                     "machine)",
+                     c->precision);
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)

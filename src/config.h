@@ -20,9 +20,9 @@ typedef struct {
   char resume[CONFIG_STR_MAX];     // "" (none), "auto", or a checkpoint path
   char init_from[CONFIG_STR_MAX];  // "" or a safetensors file of timm/official weights
   uint64_t seed;
-  char device[16];    // "cpu" (the CUDA backend will add "cuda" and "auto")
+  char device[16];    // "auto", "cpu" or "cuda"
   int threads;        // OpenMP threads for CPU kernels, 0 = all cores
-  char precision[8];  // "fp32"
+  char precision[8];  // "fp32", "bf16" or "fp16"
 
   // [model]
   int img_h, img_w;  // model.img_size = "32" or "32,48" (H,W)
@@ -51,12 +51,16 @@ typedef struct {
   float beta1, beta2, eps;
   float clip_grad;  // global-norm clip; 0 = off
   float label_smoothing;
-  int log_every;   // steps between progress lines / metrics records
-  int eval_every;  // steps between evaluations; 0 = at the end of every epoch
+  float loss_scale;       // fp16: initial dynamic loss scale
+  int loss_scale_window;  // fp16: clean steps before the scale doubles
+  char nonfinite[8];      // "stop" or "skip"
+  int nonfinite_max;      // skipped steps in a row before the run stops
+  int log_every;          // steps between progress lines / metrics records
+  int eval_every;         // steps between evaluations; 0 = at the end of every epoch
   int eval_batch_size;
 
   // [data]
-  char dataset[32];  // "fashion_mnist" or "imagefolder"
+  char dataset[32];  // "fashion_mnist", "imagefolder" or "synthetic"
   char path[CONFIG_STR_MAX];
   int workers;
   int prefetch;  // batches the loader may run ahead

@@ -19,14 +19,14 @@
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#define CUDA_CHECK(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t err_ = (call);                                                            \
-    if (err_ != cudaSuccess) {                                                            \
-      fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(err_),        \
-              cudaGetErrorString(err_), __FILE__, __LINE__, #call);                       \
-      abort();                                                                            \
-    }                                                                                     \
+#define CUDA_CHECK(call)                                                           \
+  do {                                                                             \
+    cudaError_t err_ = (call);                                                     \
+    if (err_ != cudaSuccess) {                                                     \
+      fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(err_), \
+              cudaGetErrorString(err_), __FILE__, __LINE__, #call);                \
+      abort();                                                                     \
+    }                                                                              \
   } while (0)
 
 // After a kernel launch: reports a bad launch configuration at the launch site.

@@ -21,7 +21,7 @@ static int load_model_from_checkpoint(Model *m, const char *path, Error *err) {
   if (!ini) {
     error_set(err, "'%s' has no 'config' metadata: not a swin.c checkpoint", path);
   } else if (config_load_string(&cfg, ini, path, err) == 0 && config_validate(&cfg, err) == 0 &&
-             model_create(m, &cfg, 0, err) == 0) {
+             model_create(m, &cfg, NULL, 0, err) == 0) {
     rc = 0;
   }
   safetensors_free(&st);
@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: %s\n", err.msg);
     return 1;
   }
-  printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params, (long long)m.num_floats,
+  printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params, (long long)m.num_values,
          dtype_name(dtype), argv[2]);
   model_destroy(&m);
   return 0;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/backend.h"
 #include "src/checkpoint.h"
 #include "src/config.h"
 #include "src/import.h"
@@ -27,6 +28,9 @@ static int config_from_args(Config *cfg, int argc, char **argv, const SafeTensor
       return error_set(err, "'%s' carries no config\nHINT: pass the model's CONFIG.ini after OUT",
                        model->path);
     if (config_load_string(cfg, ini, model->path, err) != 0) return -1;
+    // Where the model was trained does not matter here: the best device, in fp32.
+    snprintf(cfg->device, sizeof cfg->device, "auto");
+    snprintf(cfg->precision, sizeof cfg->precision, "fp32");
   }
   return config_validate(cfg, err);
 }
@@ -49,8 +53,10 @@ static int predict(int argc, char **argv, Error *err) {
                      cfg.img_w, cfg.in_chans);
   }
   int B = (int)e->shape[0];
-  Model m;
-  rc = model_create(&m, &cfg, B, err);
+  Backend be;
+  Model m = {0};
+  rc = backend_create(&be, cfg.device, cfg.precision, err);
+  if (rc == 0) rc = model_create(&m, &cfg, &be, B, err);
   if (rc == 0) {
     if (checkpoint) {
       size_t bytes = sizeof(float) * (size_t)m.num_floats;
@@ -64,16 +70,24 @@ static int predict(int argc, char **argv, Error *err) {
     }
   }
   if (rc == 0) {
-    model_forward(&m, safetensors_entry_data(&input, e), B, false, 0, 0);
+    model_weights_to_backend(&m);
+    size_t in_bytes = e->end - e->begin;
+    void *images = be.ops->alloc(&be, in_bytes);
+    be.ops->upload(&be, images, safetensors_entry_data(&input, e), in_bytes);
+    model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, 0);
+    float *logits = malloc_check(sizeof(float) * (size_t)B * (size_t)cfg.num_classes);
+    be.ops->download(&be, logits, m.acts.logits, sizeof(float) * (size_t)B * cfg.num_classes);
+    be.ops->release(&be, images);
     SafeTensorWriter w;
     safetensors_writer_init(&w);
-    safetensors_writer_add(&w, "logits", DTYPE_F32, 2, (int64_t[]){B, cfg.num_classes},
-                           m.acts.logits);
+    safetensors_writer_add(&w, "logits", DTYPE_F32, 2, (int64_t[]){B, cfg.num_classes}, logits);
     rc = safetensors_writer_save(&w, argv[3], err);
     safetensors_writer_free(&w);
+    free(logits);
     if (rc == 0) printf("wrote logits (%d, %d) to %s\n", B, cfg.num_classes, argv[3]);
   }
   if (m.params) model_destroy(&m);
+  backend_destroy(&be);
   safetensors_free(&input);
   return rc;
 }

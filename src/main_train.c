@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
 
   if (dry_run) {
     Model m;
-    if (model_create(&m, &cfg, 0, &err) != 0) goto fail;
+    if (model_create(&m, &cfg, NULL, 0, &err) != 0) goto fail;
     model_print_summary(&m, stdout);
     model_destroy(&m);
     return 0;

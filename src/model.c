@@ -1,5 +1,5 @@
-// model.c: the Swin Transformer's geometry, parameter table, initialization, and the CPU forward
-// and backward that chain the ops of kernels/ in the order of timm's SwinTransformer.
+// model.c: the Swin Transformer's geometry, parameter table, initialization, and the forward and
+// backward that chain the backend's ops (src/backend.h) in the order of timm's SwinTransformer.
 #include "src/model.h"
 
 #include <math.h>
@@ -8,13 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/attention.h"
-#include "kernels/gelu.h"
-#include "kernels/gemm.h"
-#include "kernels/layernorm.h"
-#include "kernels/loss.h"
-#include "kernels/patch.h"
-#include "kernels/residual.h"
 #include "kernels/window.h"
 #include "src/rng.h"
 
@@ -79,7 +72,8 @@ typedef struct {
   ParamInfo *table;  // filled when non-NULL
   float *base;       // buffer being bound, or NULL
   int index;
-  int64_t offset;
+  int64_t offset;  // next tensor's start (aligned)
+  int64_t values;  // parameters so far
 } ParamWalk;
 
 static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt, ...)
@@ -102,7 +96,8 @@ static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, co
   }
   float *ptr = k->base ? k->base + k->offset : NULL;
   k->index++;
-  k->offset += numel;
+  k->values += numel;
+  k->offset += (numel + MODEL_PARAM_ALIGN - 1) / MODEL_PARAM_ALIGN * MODEL_PARAM_ALIGN;
   return ptr;
 }
 
@@ -113,7 +108,7 @@ static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, co
 #define VEC(n, ...) param(&k, false, 1, SHAPE(n), __VA_ARGS__)
 
 // Walks every parameter in forward order: fills table when non-NULL, binds w to base when both
-// are non-NULL. Returns the number of parameter tensors; sets m->num_floats.
+// are non-NULL. Returns the number of parameter tensors; sets m->num_floats and m->num_values.
 static int walk_params(Model *m, ParamInfo *table, Weights *w, float *base) {
   const Config *c = &m->cfg;
   ParamWalk k = {.table = table, .base = base};
@@ -161,6 +156,7 @@ static int walk_params(Model *m, ParamInfo *table, Weights *w, float *base) {
   w->head_w = PARAM(true, c->num_classes, Cl), "head.fc.weight");
   w->head_b = VEC(c->num_classes, "head.fc.bias");
   m->num_floats = k.offset;
+  m->num_values = k.values;
   return k.index;
 }
 #undef PARAM
@@ -168,110 +164,207 @@ static int walk_params(Model *m, ParamInfo *table, Weights *w, float *base) {
 
 // ---------------------------------------------------------------------------------------------
 // Activations: one plan assigns every saved tensor and scratch buffer; run once to count bytes
-// (arena without memory) and once to hand out views.
+// (arena without memory) and once to hand out views in the backend's memory.
+
+static void *arena_act(Arena *a, const Model *m, int64_t count) {
+  return arena_alloc(a, (size_t)count * dtype_size(m->be->act));
+}
 
 static void plan_activations(Model *m, Arena *a, int B) {
   const Config *c = &m->cfg;
   Activations *x = &m->acts;
   int64_t L0 = (int64_t)m->Hp * m->Wp, E = c->embed_dim;
-  x->images = arena_floats(a, (int64_t)B * c->img_h * c->img_w * c->in_chans);
-  x->patches = arena_floats(a, B * L0 * m->patch_dim);
-  x->pe = arena_floats(a, B * L0 * E);
+  x->patches = arena_act(a, m, B * L0 * m->patch_dim);
+  x->pe = arena_act(a, m, B * L0 * E);
   x->pe_mean = arena_floats(a, B * L0);
   x->pe_rstd = arena_floats(a, B * L0);
-  int64_t max_lc = 0, max_big = 0, max_qkv = 0;
+  x->drop_scales = arena_floats(a, 2 * (int64_t)m->num_blocks * B);
+  int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0;
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
     int64_t BL = (int64_t)B * g->H * g->W, C = g->C;
     if (g->merge) {
-      x->merged[s] = arena_floats(a, BL * 2 * C);
-      x->merge_ln[s] = arena_floats(a, BL * 2 * C);
+      x->merge_ln[s] = arena_act(a, m, BL * 2 * C);
       x->merge_mean[s] = arena_floats(a, BL);
       x->merge_rstd[s] = arena_floats(a, BL);
     }
     for (int j = 0; j < g->depth; j++) {
-      BlockActs *b = &x->blocks[g->first_block + j];
-      b->x = arena_floats(a, BL * C);
+      int gi = g->first_block + j;
+      BlockActs *b = &x->blocks[gi];
+      b->x = arena_act(a, m, BL * C);
       b->ln1_mean = arena_floats(a, BL);
       b->ln1_rstd = arena_floats(a, BL);
-      b->xw = arena_floats(a, BL * C);
-      b->qkv = arena_floats(a, BL * 3 * C);
-      b->att = arena_floats(a, (int64_t)B * g->nW * g->heads * g->N * g->N);
-      b->attn_out = arena_floats(a, BL * C);
-      b->x1 = arena_floats(a, BL * C);
+      b->xw = arena_act(a, m, BL * C);
+      b->qkv = arena_act(a, m, BL * 3 * C);
+      b->att = arena_floats(a, m->be->ops->attention_saved_floats(B * g->nW, g->heads, g->N));
+      b->attn_out = arena_act(a, m, BL * C);
+      b->x1 = arena_act(a, m, BL * C);
       b->ln2_mean = arena_floats(a, BL);
       b->ln2_rstd = arena_floats(a, BL);
-      b->ln2 = arena_floats(a, BL * C);
-      b->fc1 = arena_floats(a, BL * g->hidden);
-      b->gelu = arena_floats(a, BL * g->hidden);
-      bool drops = m->block_drop[g->first_block + j] > 0;
-      b->dp_attn = drops ? arena_floats(a, B) : NULL;
-      b->dp_mlp = drops ? arena_floats(a, B) : NULL;
+      b->ln2 = arena_act(a, m, BL * C);
+      b->fc1 = arena_act(a, m, BL * g->hidden);
+      b->gelu = arena_act(a, m, BL * g->hidden);
+      // Views into drop_scales: unit 2 gi (attention) and 2 gi + 1 (MLP), B each.
+      bool drops = m->block_drop[gi] > 0;
+      b->dp_attn = drops && x->drop_scales ? x->drop_scales + (int64_t)2 * gi * B : NULL;
+      b->dp_mlp = drops && x->drop_scales ? x->drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
     }
-    x->stage_out[s] = arena_floats(a, BL * C);
+    x->stage_out[s] = arena_act(a, m, BL * C);
     if (BL * C > max_lc) max_lc = BL * C;
-    if (BL * g->hidden > max_big) max_big = BL * g->hidden;
-    if (BL * 2 * C > max_big) max_big = BL * 2 * C;
+    if (BL * g->hidden > max_hidden) max_hidden = BL * g->hidden;
     if (BL * 3 * C > max_qkv) max_qkv = BL * 3 * C;
   }
   const StageGeom *last = &m->stages[m->num_stages - 1];
   int64_t BLl = (int64_t)B * last->H * last->W;
   x->norm_mean = arena_floats(a, BLl);
   x->norm_rstd = arena_floats(a, BLl);
-  x->norm_out = arena_floats(a, BLl * last->C);
+  x->norm_out = arena_act(a, m, BLl * last->C);
   x->pooled = arena_floats(a, (int64_t)B * last->C);
   x->logits = arena_floats(a, (int64_t)B * c->num_classes);
-  if (B * L0 * E > max_lc) max_lc = B * L0 * E;
+  x->dlogits = arena_floats(a, (int64_t)B * c->num_classes);
+  x->branch = arena_act(a, m, max_lc);
   x->dres = arena_floats(a, max_lc);
-  x->dtmp = arena_floats(a, max_lc);
-  x->dwin = arena_floats(a, max_lc);
-  x->dbig = arena_floats(a, max_big);
-  x->dqkv = arena_floats(a, max_qkv);
+  x->dbranch = arena_act(a, m, max_lc);
+  x->dln = arena_act(a, m, max_lc);
+  x->dattn = arena_act(a, m, max_lc);
+  x->dhidden = arena_act(a, m, max_hidden);
+  x->dqkv = arena_act(a, m, max_qkv);
 }
 
-int model_create(Model *m, const Config *cfg, int max_batch, Error *err) {
+// What the backend's private scratch must hold for this model at batch B.
+static BackendNeeds backend_needs(const Model *m, int B) {
+  const Config *c = &m->cfg;
+  BackendNeeds n = {.max_batch = B, .num_params = m->num_floats};
+  int64_t rows = (int64_t)B * m->Hp * m->Wp;
+  n.max_elements = (int64_t)B * c->img_h * c->img_w * c->in_chans;
+  if (rows * m->patch_dim > n.max_elements) n.max_elements = rows * m->patch_dim;
+  n.max_rows = rows;
+  n.max_width = m->patch_dim > c->num_classes ? m->patch_dim : c->num_classes;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    int64_t BL = (int64_t)B * g->H * g->W;
+    int widths[3] = {3 * g->C, g->hidden, 2 * g->C};  // qkv, MLP, merged 2x2 (4 C_{s-1})
+    for (int k = 0; k < 3; k++) {
+      if (widths[k] > n.max_width) n.max_width = widths[k];
+      if (BL * widths[k] > n.max_elements) n.max_elements = BL * widths[k];
+    }
+    if (BL > n.max_rows) n.max_rows = BL;
+  }
+  return n;
+}
+
+// Copies a host array into fresh backend memory.
+static void *backend_copy(Backend *be, const void *src, size_t bytes) {
+  void *dst = be->ops->alloc(be, bytes);
+  be->ops->upload(be, dst, src, bytes);
+  return dst;
+}
+
+int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err) {
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
-  if (max_batch < 0) return error_set(err, "model_create: max_batch must be >= 0");
+  if (max_batch < 0 || (be && max_batch < 1) || (!be && max_batch > 0))
+    return error_set(err, "model_create: max_batch %d needs %s", max_batch,
+                     be ? "to be at least 1" : "a backend");
   build_geometry(m);
   m->num_params = walk_params(m, NULL, NULL, NULL);
   m->params = calloc_check((size_t)m->num_params, sizeof(ParamInfo));
   walk_params(m, m->params, NULL, NULL);
-  m->weights = aligned_alloc_check(sizeof(float) * (size_t)m->num_floats);
-  m->grads = aligned_alloc_check(sizeof(float) * (size_t)m->num_floats);
-  memset(m->weights, 0, sizeof(float) * (size_t)m->num_floats);
-  memset(m->grads, 0, sizeof(float) * (size_t)m->num_floats);
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->weights = aligned_alloc_check(bytes);
+  memset(m->weights, 0, bytes);
   m->w.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockWeights));
   m->g.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockWeights));
-  walk_params(m, NULL, &m->w, m->weights);
-  walk_params(m, NULL, &m->g, m->grads);
-
-  m->max_batch = max_batch;
   m->acts.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockActs));
-  if (max_batch == 0) return 0;  // weights only (dry run, export)
+  m->max_batch = max_batch;
+  if (!be) {
+    walk_params(m, NULL, &m->w, m->weights);
+    return 0;
+  }
+
+  // Backend memory: the master weights (the host copy itself on the CPU), their compute copy,
+  // the gradients, the geometry tables and the activations.
+  m->be = be;
+  const BackendOps *ops = be->ops;
+  m->master = be->device == DEVICE_CPU ? m->weights : ops->alloc(be, bytes);
+  m->compute = be->act == DTYPE_F32 ? (void *)m->master
+                                    : ops->alloc(be, (size_t)m->num_floats * dtype_size(be->act));
+  m->grads = ops->alloc(be, bytes);
+  walk_params(m, NULL, &m->w, m->master);
+  walk_params(m, NULL, &m->g, m->grads);
+  for (int s = 0; s < m->num_stages; s++) {
+    StageGeom *g = &m->stages[s];
+    g->index_be = backend_copy(be, g->rel_index, sizeof(int) * (size_t)g->N * (size_t)g->N);
+    if (g->mask)
+      g->mask_be = backend_copy(be, g->mask, sizeof(float) * (size_t)g->nW * g->N * g->N);
+  }
+  m->block_drop_be = backend_copy(be, m->block_drop, sizeof(float) * (size_t)m->num_blocks);
   Arena counting = {.name = "activations (counting)"};
   plan_activations(m, &counting, max_batch);
-  arena_init(&m->acts_arena, "activations", DEVICE_CPU, counting.used);
+  arena_init_at(&m->acts_arena, "activations", be->device, ops->alloc(be, counting.used),
+                counting.used);
   plan_activations(m, &m->acts_arena, max_batch);
+  BackendNeeds needs = backend_needs(m, max_batch);
+  ops->reserve(be, &needs);
   return 0;
 }
 
 void model_destroy(Model *m) {
+  Backend *be = m->be;
   for (int s = 0; s < m->num_stages; s++) {
     free(m->stages[s].rel_index);
     free(m->stages[s].mask);
+    if (be) {
+      be->ops->release(be, m->stages[s].index_be);
+      be->ops->release(be, m->stages[s].mask_be);
+    }
+  }
+  if (be) {
+    if (m->compute != (void *)m->master) be->ops->release(be, m->compute);
+    if (m->master != m->weights) be->ops->release(be, m->master);
+    be->ops->release(be, m->grads);
+    be->ops->release(be, m->block_drop_be);
+    be->ops->release(be, m->acts_arena.base);
   }
   free(m->block_drop);
   free(m->params);
   free(m->weights);
-  free(m->grads);
   free(m->w.blocks);
   free(m->g.blocks);
   free(m->acts.blocks);
-  arena_free(&m->acts_arena);
   memset(m, 0, sizeof *m);
 }
 
+void model_weights_to_backend(Model *m) {
+  Backend *be = m->be;
+  if (!be) return;
+  if (m->master != m->weights)
+    be->ops->upload(be, m->master, m->weights, sizeof(float) * (size_t)m->num_floats);
+  if (m->compute != (void *)m->master)
+    be->ops->to_compute(be, m->compute, m->master, m->num_floats);
+}
+
+void model_weights_to_host(Model *m) {
+  if (m->be && m->master != m->weights)
+    m->be->ops->download(m->be, m->weights, m->master, sizeof(float) * (size_t)m->num_floats);
+}
+
+void model_grads_to_host(const Model *m, float *dst) {
+  m->be->ops->download(m->be, dst, m->grads, sizeof(float) * (size_t)m->num_floats);
+}
+
+const void *model_compute_weight(const Model *m, const float *master) {
+  if (!master) return NULL;
+  return (const char *)m->compute + (master - m->master) * (ptrdiff_t)dtype_size(m->be->act);
+}
+
+void model_memory(const Model *m, size_t *weights, size_t *grads, size_t *activations) {
+  size_t f32 = sizeof(float) * (size_t)m->num_floats;
+  *weights =
+      f32 + (m->compute != (void *)m->master ? (size_t)m->num_floats * dtype_size(m->be->act) : 0);
+  *grads = f32;
+  *activations = m->acts_arena.capacity;
+}
 // ---------------------------------------------------------------------------------------------
 // Initialization (timm / official): Linear weights and the bias tables trunc_normal(std 0.02,
 // cut at +-2), biases 0, LayerNorm 1 / 0; the patch conv keeps PyTorch's Conv2d default,
@@ -314,53 +407,72 @@ void model_init_weights(Model *m, uint64_t seed) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward
+// Forward. Each LayerNorm is fused with the residual add before it and with the window
+// partition after it, so a block is: [x = x1' + dp * mlp'; xw = part(LN1(x))], qkv, attention,
+// proj, [x1 = x + dp * rev(proj); ln2 = LN2(x1)], fc1 + GELU, fc2; the bracketed ops are one
+// residual_layernorm each, the first one taking the previous block's MLP output (mlp').
 
-// out += in, elementwise (the residual stream's second gradient path).
-static void add_inplace(float *out, const float *in, int64_t n) {
-  residual_forward_cpu(out, out, in, NULL, 1, n);
-}
-
-static void draw_drop_path(float *scale, float rate, int B, uint64_t seed, int64_t step,
-                           int64_t unit) {
-  // timm drop_path: keep with probability 1 - rate, kept samples scaled by 1 / keep.
-  float keep = 1.0f - rate;
-  Rng r = rng_make(seed, RNG_STREAM_DROP_PATH, (uint64_t)step, (uint64_t)unit);
-  for (int b = 0; b < B; b++) scale[b] = rng_uniform(&r) < keep ? 1.0f / keep : 0.0f;
-}
-
-static void block_forward(Model *m, int s, int j, int B, float *out) {
-  const StageGeom *g = &m->stages[s];
-  int gi = g->first_block + j;
-  const BlockWeights *w = &m->w.blocks[gi];
-  BlockActs *a = &m->acts.blocks[gi];
-  Activations *x = &m->acts;
-  int C = g->C, BW = B * g->nW;
-  int64_t BL = (int64_t)B * g->H * g->W;
+// The window order of block j's attention.
+static WindowMap block_windows(const StageGeom *g, int j) {
   bool shifted = block_is_shifted(g, j);
-  int sh = shifted ? g->sh : 0, sw = shifted ? g->sw : 0;
-  const float *dp_attn = m->drop_path_active ? a->dp_attn : NULL;
-  const float *dp_mlp = m->drop_path_active ? a->dp_mlp : NULL;
-
-  // x1 = x + drop_path(reverse(proj(attention(qkv(partition(LN1(x)))))))
-  layernorm_forward_cpu(x->dtmp, a->ln1_mean, a->ln1_rstd, a->x, w->norm1_w, w->norm1_b, BL, C);
-  window_partition_cpu(a->xw, x->dtmp, B, g->H, g->W, C, g->wh, g->ww, sh, sw);
-  linear_forward_cpu(a->qkv, a->xw, w->qkv_w, w->qkv_b, BL, C, 3 * C);
-  window_attention_forward_cpu(a->attn_out, a->att, a->qkv, w->rel_table, g->rel_index,
-                               shifted ? g->mask : NULL, BW, g->nW, g->N, C, g->heads);
-  linear_forward_cpu(x->dwin, a->attn_out, w->proj_w, w->proj_b, BL, C, C);
-  window_reverse_cpu(x->dtmp, x->dwin, B, g->H, g->W, C, g->wh, g->ww, sh, sw);
-  residual_forward_cpu(a->x1, a->x, x->dtmp, dp_attn, B, BL / B * C);
-  // out = x1 + drop_path(fc2(GELU(fc1(LN2(x1)))))
-  layernorm_forward_cpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, w->norm2_w, w->norm2_b, BL, C);
-  linear_forward_cpu(a->fc1, a->ln2, w->fc1_w, w->fc1_b, BL, C, g->hidden);
-  gelu_forward_cpu(a->gelu, a->fc1, BL * g->hidden);
-  linear_forward_cpu(x->dtmp, a->gelu, w->fc2_w, w->fc2_b, BL, g->hidden, C);
-  residual_forward_cpu(out, a->x1, x->dtmp, dp_mlp, B, BL / B * C);
+  WindowMap w = {g->H, g->W, g->wh, g->ww, shifted ? g->sh : 0, shifted ? g->sw : 0};
+  return w;
 }
 
-void model_forward(Model *m, const float *images, int B, bool train, uint64_t seed, int64_t step) {
+// LN1 of block j (of stage s) into its windows, fused with the residual that ends block j - 1.
+static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  BlockActs *a = &x->blocks[gi];
+  const BlockWeights *w = &m->w.blocks[gi];
+  WindowMap wm = block_windows(g, j);
+  int64_t L = (int64_t)g->H * g->W;
+  if (j == 0) {
+    be->ops->residual_layernorm_forward(be, NULL, a->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
+                                        NULL, w->norm1_w, w->norm1_b, &wm, B, L, g->C);
+  } else {
+    const BlockActs *p = &x->blocks[gi - 1];
+    be->ops->residual_layernorm_forward(be, a->x, a->xw, a->ln1_mean, a->ln1_rstd, p->x1, x->branch,
+                                        NULL, m->drop_path_active ? p->dp_mlp : NULL, w->norm1_w,
+                                        w->norm1_b, &wm, B, L, g->C);
+  }
+}
+
+// The rest of block j: attention branch with its residual + LN2, then the MLP up to fc2, whose
+// output waits in x->branch for the next residual.
+static void block_forward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  BlockActs *a = &x->blocks[gi];
+  const BlockWeights *w = &m->w.blocks[gi];
+  int C = g->C, BW = B * g->nW;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
+
+  ops->linear_forward(be, a->qkv, a->xw, model_compute_weight(m, w->qkv_w),
+                      model_compute_weight(m, w->qkv_b), BL, C, 3 * C, ACTIVATION_NONE, NULL);
+  ops->attention_forward(be, a->attn_out, a->att, a->qkv, w->rel_table, g->index_be, mask, BW,
+                         g->nW, g->N, C, g->heads);
+  ops->linear_forward(be, x->branch, a->attn_out, model_compute_weight(m, w->proj_w),
+                      model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
+  ops->residual_layernorm_forward(be, a->x1, a->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
+                                  m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b,
+                                  NULL, B, L, C);
+  ops->linear_forward(be, a->gelu, a->ln2, model_compute_weight(m, w->fc1_w),
+                      model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
+  ops->linear_forward(be, x->branch, a->gelu, model_compute_weight(m, w->fc2_w),
+                      model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
+}
+
+void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
+                   bool train, uint64_t seed, int64_t step) {
   const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
   Activations *x = &m->acts;
   const Weights *w = &m->w;
   int64_t L0 = (int64_t)m->Hp * m->Wp;
@@ -368,124 +480,174 @@ void model_forward(Model *m, const float *images, int B, bool train, uint64_t se
 
   m->drop_path_active = train && c->drop_path_rate > 0;
   if (m->drop_path_active)
-    for (int i = 0; i < m->num_blocks; i++)
-      if (m->block_drop[i] > 0) {
-        draw_drop_path(x->blocks[i].dp_attn, m->block_drop[i], B, seed, step, 2 * i);
-        draw_drop_path(x->blocks[i].dp_mlp, m->block_drop[i], B, seed, step, 2 * i + 1);
-      }
+    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, seed, step);
 
-  // Patch embedding: gather p x p patches, linear (= the strided conv), LayerNorm.
-  patch_gather_cpu(x->patches, images, B, c->img_h, c->img_w, c->in_chans, c->patch_size);
-  linear_forward_cpu(x->pe, x->patches, w->patch_w, w->patch_b, B * L0, m->patch_dim, E);
-  layernorm_forward_cpu(x->blocks[0].x, x->pe_mean, x->pe_rstd, x->pe, w->patch_norm_w,
-                        w->patch_norm_b, B * L0, E);
+  // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
+  // LayerNorm into the first block's input.
+  ops->patch_embed_input(be, x->patches, input, input_dtype, norm, B, c->img_h, c->img_w,
+                         c->in_chans, c->patch_size);
+  ops->linear_forward(be, x->pe, x->patches, model_compute_weight(m, w->patch_w),
+                      model_compute_weight(m, w->patch_b), B * L0, m->patch_dim, E, ACTIVATION_NONE,
+                      NULL);
+  ops->residual_layernorm_forward(be, NULL, x->blocks[0].x, x->pe_mean, x->pe_rstd, x->pe, NULL,
+                                  NULL, NULL, w->patch_norm_w, w->patch_norm_b, NULL, B, L0, E);
 
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
-    int64_t BL = (int64_t)B * g->H * g->W;
     if (g->merge) {
       const StageGeom *p = &m->stages[s - 1];
-      patch_merge_forward_cpu(x->merged[s], x->stage_out[s - 1], B, p->H, p->W, p->C);
-      layernorm_forward_cpu(x->merge_ln[s], x->merge_mean[s], x->merge_rstd[s], x->merged[s],
-                            w->merge_norm_w[s], w->merge_norm_b[s], BL, 4 * p->C);
-      linear_forward_cpu(x->blocks[g->first_block].x, x->merge_ln[s], w->merge_w[s], NULL, BL,
-                         4 * p->C, g->C);
+      int64_t BL = (int64_t)B * g->H * g->W;
+      ops->merge_layernorm_forward(be, x->merge_ln[s], x->merge_mean[s], x->merge_rstd[s],
+                                   x->stage_out[s - 1], w->merge_norm_w[s], w->merge_norm_b[s], B,
+                                   p->H, p->W, p->C);
+      ops->linear_forward(be, x->blocks[g->first_block].x, x->merge_ln[s],
+                          model_compute_weight(m, w->merge_w[s]), NULL, BL, 4 * p->C, g->C,
+                          ACTIVATION_NONE, NULL);
     }
     for (int j = 0; j < g->depth; j++) {
-      float *out = j + 1 < g->depth ? x->blocks[g->first_block + j + 1].x : x->stage_out[s];
-      block_forward(m, s, j, B, out);
+      block_norm1_forward(m, g, j, B);
+      block_forward(m, g, j, B);
     }
+    // The last block's MLP residual: the stage output, and for the last stage the final norm.
+    const BlockActs *a = &x->blocks[g->first_block + g->depth - 1];
+    bool last = s == m->num_stages - 1;
+    ops->residual_layernorm_forward(be, x->stage_out[s], last ? x->norm_out : NULL, x->norm_mean,
+                                    x->norm_rstd, a->x1, x->branch, NULL,
+                                    m->drop_path_active ? a->dp_mlp : NULL, w->norm_w, w->norm_b,
+                                    NULL, B, (int64_t)g->H * g->W, g->C);
   }
 
-  // Head: LayerNorm, mean over tokens, linear.
+  // Head: mean over tokens, linear, in f32.
   const StageGeom *g = &m->stages[m->num_stages - 1];
-  int L = g->H * g->W;
-  layernorm_forward_cpu(x->norm_out, x->norm_mean, x->norm_rstd, x->stage_out[m->num_stages - 1],
-                        w->norm_w, w->norm_b, (int64_t)B * L, g->C);
-  mean_pool_forward_cpu(x->pooled, x->norm_out, B, L, g->C);
-  linear_forward_cpu(x->logits, x->pooled, w->head_w, w->head_b, B, g->C, c->num_classes);
+  ops->head_forward(be, x->logits, x->pooled, x->norm_out, w->head_w, w->head_b, B, g->H * g->W,
+                    g->C, c->num_classes);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward: the residual stream's gradient lives in dres and is carried from the head down to
-// the patch embedding; parameter gradients accumulate into m->grads.
+// Backward: the residual stream's gradient lives in dres (f32) and is carried from the head down
+// to the patch embedding; a branch's gradient goes to dbranch; parameter gradients accumulate
+// into m->grads.
 
-static void block_backward(Model *m, int s, int j, int B) {
-  const StageGeom *g = &m->stages[s];
+// Block j from d(its fc2 output) in dbranch and d(x1) in dres, down to the gradient of LN1's
+// output (window order) in dln; dres then holds d(x) from the attention residual alone.
+static void block_backward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
   int gi = g->first_block + j;
   const BlockWeights *w = &m->w.blocks[gi];
   BlockWeights *gw = &m->g.blocks[gi];
-  BlockActs *a = &m->acts.blocks[gi];
-  Activations *x = &m->acts;
+  BlockActs *a = &x->blocks[gi];
   int C = g->C, BW = B * g->nW;
-  int64_t BL = (int64_t)B * g->H * g->W, per_sample = BL / B * C;
-  bool shifted = block_is_shifted(g, j);
-  int sh = shifted ? g->sh : 0, sw = shifted ? g->sw : 0;
-  const float *dp_attn = m->drop_path_active ? a->dp_attn : NULL;
-  const float *dp_mlp = m->drop_path_active ? a->dp_mlp : NULL;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
 
-  // MLP branch; dres holds d(out) and becomes d(x1).
-  residual_backward_cpu(x->dtmp, x->dres, dp_mlp, B, per_sample);
-  linear_backward_cpu(x->dbig, gw->fc2_w, gw->fc2_b, x->dtmp, a->gelu, w->fc2_w, BL, g->hidden, C);
-  gelu_backward_cpu(x->dbig, a->fc1, x->dbig, BL * g->hidden);
-  linear_backward_cpu(x->dtmp, gw->fc1_w, gw->fc1_b, x->dbig, a->ln2, w->fc1_w, BL, C, g->hidden);
-  layernorm_backward_cpu(x->dwin, gw->norm2_w, gw->norm2_b, x->dtmp, a->x1, w->norm2_w, a->ln2_mean,
-                         a->ln2_rstd, BL, C);
-  add_inplace(x->dres, x->dwin, BL * C);
-
-  // Attention branch; dres becomes d(x).
-  residual_backward_cpu(x->dtmp, x->dres, dp_attn, B, per_sample);
-  window_partition_cpu(x->dwin, x->dtmp, B, g->H, g->W, C, g->wh, g->ww, sh, sw);
-  linear_backward_cpu(x->dtmp, gw->proj_w, gw->proj_b, x->dwin, a->attn_out, w->proj_w, BL, C, C);
-  window_attention_backward_cpu(x->dqkv, gw->rel_table, x->dtmp, a->qkv, a->att, g->rel_index, BW,
-                                g->N, C, g->heads);
-  linear_backward_cpu(x->dwin, gw->qkv_w, gw->qkv_b, x->dqkv, a->xw, w->qkv_w, BL, C, 3 * C);
-  window_reverse_cpu(x->dtmp, x->dwin, B, g->H, g->W, C, g->wh, g->ww, sh, sw);
-  layernorm_backward_cpu(x->dwin, gw->norm1_w, gw->norm1_b, x->dtmp, a->x, w->norm1_w, a->ln1_mean,
-                         a->ln1_rstd, BL, C);
-  add_inplace(x->dres, x->dwin, BL * C);
+  // MLP: fc2 (its dinp through GELU'), fc1, then LN2 + the attention residual.
+  ops->linear_backward(be, x->dhidden, gw->fc2_w, gw->fc2_b, x->dbranch, a->gelu,
+                       model_compute_weight(m, w->fc2_w), BL, g->hidden, C, a->fc1);
+  ops->linear_backward(be, x->dln, gw->fc1_w, gw->fc1_b, x->dhidden, a->ln2,
+                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden, NULL);
+  ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm2_w, gw->norm2_b, x->dres,
+                                   x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd, &wm,
+                                   m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
+  // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
+  ops->linear_backward(be, x->dattn, gw->proj_w, gw->proj_b, x->dbranch, a->attn_out,
+                       model_compute_weight(m, w->proj_w), BL, C, C, NULL);
+  ops->attention_backward(be, x->dqkv, gw->rel_table, x->dattn, a->qkv, w->rel_table, g->index_be,
+                          mask, a->att, BW, g->nW, g->N, C, g->heads);
+  ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, a->xw,
+                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C, NULL);
 }
 
-void model_backward(Model *m, const float *dlogits, int B) {
+// LN1 of block j back through its residual: d(x) = dres + LN1'(dln). For j > 0 that is the
+// gradient of the previous block's x1 (dres) and, scaled by its drop path, of its fc2 output
+// (dbranch); for j == 0 it is the gradient of the stage input, to dbranch.
+static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  BlockWeights *gw = &m->g.blocks[gi];
+  const BlockActs *a = &x->blocks[gi];
+  WindowMap wm = block_windows(g, j);
+  int64_t L = (int64_t)g->H * g->W;
+  const float *scale = j > 0 && m->drop_path_active ? x->blocks[gi - 1].dp_mlp : NULL;
+  be->ops->residual_layernorm_backward(be, j > 0 ? x->dres : NULL, x->dbranch, gw->norm1_w,
+                                       gw->norm1_b, x->dres, x->dln, a->x, w->norm1_w, a->ln1_mean,
+                                       a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
+}
+
+void model_backward(Model *m, int B) {
   const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
   Activations *x = &m->acts;
   const Weights *w = &m->w;
   Weights *gw = &m->g;
   const StageGeom *last = &m->stages[m->num_stages - 1];
-  int L = last->H * last->W;
 
-  // Head: linear, mean pool, LayerNorm -> d(last stage output) in dres.
-  linear_backward_cpu(x->dtmp, gw->head_w, gw->head_b, dlogits, x->pooled, w->head_w, B, last->C,
-                      c->num_classes);
-  mean_pool_backward_cpu(x->dwin, x->dtmp, B, L, last->C);
-  layernorm_backward_cpu(x->dres, gw->norm_w, gw->norm_b, x->dwin, x->stage_out[m->num_stages - 1],
-                         w->norm_w, x->norm_mean, x->norm_rstd, (int64_t)B * L, last->C);
+  // Head: linear and mean pool -> d(final norm output) in dln.
+  ops->head_backward(be, x->dln, gw->head_w, gw->head_b, x->dlogits, x->pooled, w->head_w, B,
+                     last->H * last->W, last->C, c->num_classes);
 
   for (int s = m->num_stages - 1; s >= 0; s--) {
     const StageGeom *g = &m->stages[s];
-    for (int j = g->depth - 1; j >= 0; j--) block_backward(m, s, j, B);
+    int64_t L = (int64_t)g->H * g->W;
+    // The last block's MLP residual (with the final norm in the last stage): dres = d(x1),
+    // dbranch = d(fc2 output). Other stages get d(stage output) in dres from the merge below.
+    const BlockActs *a = &x->blocks[g->first_block + g->depth - 1];
+    const float *scale = m->drop_path_active ? a->dp_mlp : NULL;
+    if (s == m->num_stages - 1)
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm_w, gw->norm_b, NULL,
+                                       x->dln, x->stage_out[s], w->norm_w, x->norm_mean,
+                                       x->norm_rstd, NULL, scale, NULL, B, L, g->C);
+    else
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, NULL, NULL, x->dres, NULL, NULL,
+                                       NULL, NULL, NULL, NULL, scale, NULL, B, L, g->C);
+    for (int j = g->depth - 1; j >= 0; j--) {
+      block_backward(m, g, j, B);
+      block_norm1_backward(m, g, j, B);
+    }
+    // dbranch now holds d(stage input): back through the merge (linear, LN, gather) into dres.
     if (g->merge) {
       const StageGeom *p = &m->stages[s - 1];
-      int64_t BL = (int64_t)B * g->H * g->W;
-      linear_backward_cpu(x->dbig, gw->merge_w[s], NULL, x->dres, x->merge_ln[s], w->merge_w[s], BL,
-                          4 * p->C, g->C);
-      layernorm_backward_cpu(x->dqkv, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dbig,
-                             x->merged[s], w->merge_norm_w[s], x->merge_mean[s], x->merge_rstd[s],
-                             BL, 4 * p->C);
-      patch_merge_backward_cpu(x->dres, x->dqkv, B, p->H, p->W, p->C);
+      ops->linear_backward(be, x->dln, gw->merge_w[s], NULL, x->dbranch, x->merge_ln[s],
+                           model_compute_weight(m, w->merge_w[s]), B * L, 4 * p->C, g->C, NULL);
+      ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
+                                    x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
+                                    x->merge_rstd[s], B, p->H, p->W, p->C);
     }
   }
 
-  // Patch embedding: LayerNorm, linear (the image itself needs no gradient).
-  int64_t BL0 = (int64_t)B * m->Hp * m->Wp;
-  layernorm_backward_cpu(x->dtmp, gw->patch_norm_w, gw->patch_norm_b, x->dres, x->pe,
-                         w->patch_norm_w, x->pe_mean, x->pe_rstd, BL0, c->embed_dim);
-  linear_backward_cpu(NULL, gw->patch_w, gw->patch_b, x->dtmp, x->patches, w->patch_w, BL0,
-                      m->patch_dim, c->embed_dim);
+  // Patch embedding: LayerNorm (d(pe) to dattn), linear (the image needs no gradient).
+  int64_t L0 = (int64_t)m->Hp * m->Wp;
+  ops->residual_layernorm_backward(be, NULL, x->dattn, gw->patch_norm_w, gw->patch_norm_b, NULL,
+                                   x->dbranch, x->pe, w->patch_norm_w, x->pe_mean, x->pe_rstd, NULL,
+                                   NULL, NULL, B, L0, c->embed_dim);
+  ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
+                       model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim,
+                       NULL);
 }
 
 void model_zero_grads(Model *m) {
-  memset(m->grads, 0, sizeof(float) * (size_t)m->num_floats);
+  m->be->ops->zero(m->be, m->grads, sizeof(float) * (size_t)m->num_floats);
+}
+
+int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {
+  int n = 0;
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    for (int64_t off = 0; off < p->numel; off += MODEL_ADAMW_CHUNK, n++) {
+      if (!chunks) continue;
+      int64_t left = p->numel - off;
+      chunks[n] =
+          (AdamWChunk){.offset = p->offset + off,
+                       .count = (int32_t)(left < MODEL_ADAMW_CHUNK ? left : MODEL_ADAMW_CHUNK),
+                       .weight_decay = p->decay ? weight_decay : 0.0f};
+    }
+  }
+  return n;
 }
 
 const ParamInfo *model_find_param(const Model *m, const char *name) {
@@ -547,6 +709,6 @@ void model_print_summary(const Model *m, FILE *out) {
                params_with_prefix(m, "norm.") + params_with_prefix(m, "head."));
   fprintf(out, "  %-12s %-9s %6d %6s %6s %9s %8s %10s %14s\n", "norm+head", "-", c->num_classes,
           "-", "-", "-", "-", "-", count);
-  format_count(count, sizeof count, m->num_floats);
+  format_count(count, sizeof count, m->num_values);
   fprintf(out, "parameters: %s (%d tensors)\n", count, m->num_params);
 }

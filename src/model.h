@@ -1,5 +1,7 @@
 // model.h: a Swin Transformer built from a Config: its geometry, its parameters (timm names,
-// one flat fp32 buffer in forward order), its saved activations, and the CPU forward and backward.
+// one flat fp32 buffer in forward order), its saved activations, and the forward and backward,
+// written once against the backend interface (src/backend.h), so the same code runs on the CPU
+// reference kernels and on CUDA.
 //
 // Geometry follows timm >= 0.9 / the official code: patch embedding (conv p x p / p as gather +
 // linear) + LN; stages of blocks, patch merging at the start of stages 1..; final LN, mean pool
@@ -8,10 +10,13 @@
 //
 // Parameters live in one buffer laid out in forward order, so the gradients backward produces
 // fill the mirror buffer from its end towards its start: gradient buckets are contiguous ranges.
+// Each tensor starts at a multiple of MODEL_PARAM_ALIGN floats (the gaps stay zero), so every
+// weight a GEMM reads is 64-byte aligned in f32 and 32-byte aligned in bf16/f16.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "src/backend.h"
 #include "src/config.h"
 #include "src/tensor.h"
 #include "src/util.h"
@@ -27,7 +32,11 @@ typedef struct {
   int first_block;  // global index of the stage's first block
   int *rel_index;   // (N, N)
   float *mask;      // (nW, N, N) for shifted blocks, NULL when the stage never shifts
+  int *index_be;    // rel_index and mask in backend memory (NULL without a backend)
+  float *mask_be;
 } StageGeom;
+
+#define MODEL_PARAM_ALIGN 16
 
 typedef struct {
   float *norm1_w, *norm1_b;  // (C)
@@ -56,59 +65,70 @@ typedef struct {
   char name[96];  // timm state-dict name
   int ndim;
   int64_t shape[4];
-  int64_t offset;  // floats from the start of the buffer
+  int64_t offset;  // floats from the start of the buffer (a multiple of MODEL_PARAM_ALIGN)
   int64_t numel;
   bool decay;  // weight decay applies (not for 1-D params, biases, bias tables)
 } ParamInfo;
 
-// Per-block saved activations of the training forward (views in the activation arena).
+// Per-block saved activations of the training forward (views in the activation arena, backend
+// memory). `act` tensors are in the compute type; statistics and scales are f32.
 typedef struct {
-  float *x;                    // block input (B, L, C)
+  void *x;                     // block input (B, L, C) act: LN1's input
   float *ln1_mean, *ln1_rstd;  // (B*L)
-  float *xw;                   // LN1 output, shifted and partitioned (B*nW, N, C)
-  float *qkv;                  // (B*nW, N, 3C)
-  float *att;                  // softmax probabilities (B*nW, heads, N, N)
-  float *attn_out;             // (B*nW, N, C)
-  float *x1;                   // after the attention residual (B, L, C)
+  void *xw;                    // LN1 output in window order (B*nW, N, C) act
+  void *qkv;                   // (B*nW, N, 3C) act
+  float *att;                  // what the backend saves of the softmax (attention_saved_floats)
+  void *attn_out;              // (B*nW, N, C) act
+  void *x1;                    // after the attention residual (B, L, C) act: LN2's input
   float *ln2_mean, *ln2_rstd;  // (B*L)
-  float *ln2;                  // (B, L, C)
-  float *fc1;                  // pre-GELU (B, L, hidden)
-  float *gelu;                 // (B, L, hidden)
+  void *ln2;                   // (B, L, C) act
+  void *fc1;                   // pre-GELU (B, L, hidden) act
+  void *gelu;                  // (B, L, hidden) act
   float *dp_attn, *dp_mlp;     // drop-path scales (B), NULL when the block's rate is 0
 } BlockActs;
 
 typedef struct {
-  float *images;   // (B, H, W, Cin) normalized input buffer for the caller
-  float *patches;  // (B, Hp, Wp, Cin*p*p)
-  float *pe;       // patch linear output (B, L0, E)
+  void *patches;  // (B, Hp, Wp, Cin*p*p) act
+  void *pe;       // patch linear output (B, L0, E) act: the patch LayerNorm's input
   float *pe_mean, *pe_rstd;
-  float *merged[CONFIG_MAX_STAGES];  // gathered 2x2 (B, L_s, 4C_{s-1})
+  void *merge_ln[CONFIG_MAX_STAGES];  // merged 2x2 + LayerNorm (B, L_s, 4C_{s-1}) act
   float *merge_mean[CONFIG_MAX_STAGES], *merge_rstd[CONFIG_MAX_STAGES];
-  float *merge_ln[CONFIG_MAX_STAGES];
   BlockActs *blocks;
-  float *stage_out[CONFIG_MAX_STAGES];  // each stage's last block output (B, L_s, C_s)
-  float *norm_mean, *norm_rstd, *norm_out;
-  float *pooled;  // (B, C_last)
-  float *logits;  // (B, classes)
-  // scratch (the forward borrows dtmp and dwin for short-lived intermediates)
-  float *dres, *dtmp, *dwin;  // (B, L, C) at the largest stage
-  float *dbig;                // (B, L, max(hidden, 4C))
-  float *dqkv;                // (B, L, 3C)
+  void *stage_out[CONFIG_MAX_STAGES];  // each stage's output (B, L_s, C_s) act
+  float *norm_mean, *norm_rstd;
+  void *norm_out;      // final LayerNorm output (B, L, C) act
+  float *pooled;       // (B, C_last)
+  float *logits;       // (B, classes)
+  float *drop_scales;  // (2 * blocks, B): the blocks' dp_attn and dp_mlp
+  // Short-lived buffers, reused by every block.
+  void *branch;    // a branch output waiting for its residual add: proj (windows) or fc2 (B, L, C)
+  float *dres;     // gradient of the residual stream (B, L, C) f32
+  void *dbranch;   // gradient of a branch output or of a block input (B, L, C) act
+  void *dln;       // gradient of a LayerNorm output (B, L, C) act
+  void *dattn;     // gradient of the attention output (B, L, C) act
+  void *dhidden;   // gradient of the MLP hidden layer (B, L, hidden) act
+  void *dqkv;      // (B, L, 3C) act
+  float *dlogits;  // (B, classes)
 } Activations;
 
 typedef struct {
   Config cfg;
+  Backend *be;  // where the parameters, gradients and activations live; NULL: host weights only
   int num_stages, num_blocks;
   int Hp, Wp, patch_dim;  // token map after patch embedding, Cin*p*p
   StageGeom stages[CONFIG_MAX_STAGES];
-  float *block_drop;  // drop-path rate per block (linear from 0 to drop_path_rate)
+  float *block_drop;  // drop-path rate per block (linear from 0 to drop_path_rate), host
+  float *block_drop_be;
 
   ParamInfo *params;
   int num_params;
-  int64_t num_floats;  // total parameter count
-  float *weights;      // fp32 master weights (num_floats)
-  float *grads;        // gradients (num_floats)
-  Weights w, g;        // typed views of weights and grads
+  int64_t num_values;  // parameter count (the sum of the tensors' sizes)
+  int64_t num_floats;  // length of the flat buffers (with the alignment gaps)
+  float *weights;      // host fp32 master weights: init, import, checkpoints (num_floats)
+  float *master;       // backend fp32 master weights (== weights on the CPU backend)
+  void *compute;       // backend weights in the compute type (== master in f32)
+  float *grads;        // backend gradients (num_floats)
+  Weights w, g;        // typed views of master and grads
 
   int max_batch;
   bool drop_path_active;  // the last forward drew drop-path scales (training)
@@ -116,23 +136,43 @@ typedef struct {
   Activations acts;
 } Model;
 
-// Builds geometry and the parameter table (and allocates weights, grads and the activations for
-// up to max_batch images; 0 for weights only). cfg must have passed config_validate.
-int model_create(Model *m, const Config *cfg, int max_batch, Error *err);
+// Builds geometry and the parameter table. With a backend, also allocates in its memory the
+// master weights, their compute copy, the gradients and the activations for up to max_batch
+// images (max_batch >= 1). be NULL: host weights only (dry run, export, import checks).
+// cfg must have passed config_validate.
+int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err);
 void model_destroy(Model *m);
-// Official / timm initialization, drawn from the counter-based RNG keyed by seed.
+// Official / timm initialization of the host weights, from the counter-based RNG keyed by seed.
 void model_init_weights(Model *m, uint64_t seed);
+// Copies the host weights to the backend (master and compute copy) after init, import or a
+// checkpoint load; and the backend master back to the host (before a checkpoint or export).
+void model_weights_to_backend(Model *m);
+void model_weights_to_host(Model *m);
+// Backend gradients to a host buffer of num_floats (waits for queued work).
+void model_grads_to_host(const Model *m, float *dst);
+// A master-weight pointer's counterpart in the compute copy.
+const void *model_compute_weight(const Model *m, const float *master);
 
-// Forward over B <= max_batch normalized images (B, H, W, Cin) (images_normalize_cpu makes them
-// from a uint8 batch; m->acts.images is a buffer of the right size); logits land in
-// m->acts.logits. train enables drop path, keyed by (seed, step); eval uses none.
-void model_forward(Model *m, const float *images, int B, bool train, uint64_t seed, int64_t step);
-// Backward of the last training forward from dlogits (B, classes); accumulates into m->grads
-// (zero them first with model_zero_grads).
-void model_backward(Model *m, const float *dlogits, int B);
+// Forward over B <= max_batch images input (B, H, W, Cin) in backend memory: uint8 pixels
+// (input_dtype U8, normalized with norm) or normalized f32 images (F32; norm unused). Logits land
+// in m->acts.logits. train enables drop path, keyed by (seed, step); eval uses none. Queued on
+// the backend; nothing waits.
+void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
+                   bool train, uint64_t seed, int64_t step);
+// Backward of the last training forward from m->acts.dlogits (B, classes); accumulates into
+// m->grads (zero them first with model_zero_grads).
+void model_backward(Model *m, int B);
 void model_zero_grads(Model *m);
 
+// The AdamW chunk table (optim/optimizer.h): every tensor cut into pieces of at most
+// MODEL_ADAMW_CHUNK elements, with weight_decay where ParamInfo.decay and 0 elsewhere. Returns
+// the number of chunks; chunks NULL only counts.
+#define MODEL_ADAMW_CHUNK 16384
+int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks);
 // Looks a parameter up by timm name; NULL if absent.
 const ParamInfo *model_find_param(const Model *m, const char *name);
 // Prints the per-stage table and the parameter count.
 void model_print_summary(const Model *m, FILE *out);
+// Bytes of backend memory the model holds: weights (master + compute copy), gradients,
+// activations.
+void model_memory(const Model *m, size_t *weights, size_t *grads, size_t *activations);

@@ -7,13 +7,15 @@
 #pragma once
 #include <stdint.h>
 
+#include "src/hostdev.h"
+
 typedef struct {
   uint32_t v[4];
 } Philox4;
 
 // One Philox4x32-10 block: 128 random bits for counter (c0..c3) under key (k0, k1).
-static inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                 uint32_t k1) {
+static inline SWIN_HOSTDEV Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                              uint32_t k0, uint32_t k1) {
   for (int round = 0; round < 10; round++) {
     uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
     uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
@@ -24,7 +26,8 @@ static inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  return (Philox4){{c0, c1, c2, c3}};
+  Philox4 r = {{c0, c1, c2, c3}};
+  return r;
 }
 
 // Streams keep different uses of one seed apart.
@@ -44,10 +47,34 @@ typedef struct {
   int left;
 } Rng;
 
+// The stream word that folds the high halves of 64-bit counters a and b into the key, so 64-bit
+// counters stay distinct.
+static inline SWIN_HOSTDEV uint32_t rng_stream_key(uint32_t stream, uint64_t a, uint64_t b) {
+  return stream ^ (uint32_t)(a >> 32) * 0x85EBCA6Bu ^ (uint32_t)(b >> 32) * 0xC2B2AE35u;
+}
+
+// The i-th 32-bit draw of the sequence rng_make(seed, stream, a, b) produces, computed directly
+// (random access: a GPU thread per draw gives the same numbers as a CPU loop over rng_u32).
+static inline SWIN_HOSTDEV uint32_t rng_u32_at(uint64_t seed, uint32_t stream, uint64_t a,
+                                               uint64_t b, uint32_t i) {
+  Philox4 x = philox4x32((uint32_t)a, (uint32_t)b, i / 4, rng_stream_key(stream, a, b),
+                         (uint32_t)seed, (uint32_t)(seed >> 32));
+  return x.v[i % 4];
+}
+
+// Uniform in [0, 1) with 24 bits from one 32-bit draw (the rng_uniform mapping).
+static inline SWIN_HOSTDEV float rng_u32_to_uniform(uint32_t u) {
+  return (float)(u >> 8) * (1.0f / 16777216.0f);
+}
+
 static inline Rng rng_make(uint64_t seed, uint32_t stream, uint64_t a, uint64_t b) {
-  Rng r = {.seed = seed, .stream = stream, .a = (uint32_t)a, .b = (uint32_t)b};
-  // Fold the high halves of a and b into the stream so 64-bit counters stay distinct.
-  r.stream ^= (uint32_t)(a >> 32) * 0x85EBCA6Bu ^ (uint32_t)(b >> 32) * 0xC2B2AE35u;
+  Rng r = {.seed = seed,
+           .stream = rng_stream_key(stream, a, b),
+           .a = (uint32_t)a,
+           .b = (uint32_t)b,
+           .n = 0,
+           .buf = {0, 0, 0, 0},
+           .left = 0};
   return r;
 }
 
@@ -63,7 +90,7 @@ static inline uint32_t rng_u32(Rng *r) {
 
 // Uniform in [0, 1) with 24 bits.
 static inline float rng_uniform(Rng *r) {
-  return (float)(rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+  return rng_u32_to_uniform(rng_u32(r));
 }
 // Uniform in [0, 1) with 53 bits.
 static inline double rng_uniform_double(Rng *r) {

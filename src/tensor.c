@@ -61,15 +61,19 @@ bool tensor_same_shape(const Tensor *a, const Tensor *b) {
 }
 
 void arena_init(Arena *a, const char *name, Device device, size_t capacity_bytes) {
-  *a = (Arena){.capacity = capacity_bytes, .device = device, .name = name};
+  *a = (Arena){.capacity = capacity_bytes, .device = device, .name = name, .owned = true};
   if (capacity_bytes) {
     a->base = aligned_alloc_check(capacity_bytes);
     memset(a->base, 0, capacity_bytes);
   }
 }
 
+void arena_init_at(Arena *a, const char *name, Device device, void *base, size_t capacity_bytes) {
+  *a = (Arena){.base = base, .capacity = capacity_bytes, .device = device, .name = name};
+}
+
 void arena_free(Arena *a) {
-  free(a->base);
+  if (a->owned) free(a->base);
   *a = (Arena){0};
 }
 

@@ -8,6 +8,10 @@
 
 #include "src/util.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_U8, DTYPE_I32 } DType;
 typedef enum { DEVICE_CPU, DEVICE_CUDA } Device;
 
@@ -45,12 +49,19 @@ typedef struct {
   size_t used;      // bytes
   Device device;
   const char *name;
+  bool owned;  // base came from arena_init (freed by arena_free)
 } Arena;
 
 void arena_init(Arena *a, const char *name, Device device, size_t capacity_bytes);
+// An arena over memory the caller allocated (backend memory); arena_free does not free it.
+void arena_init_at(Arena *a, const char *name, Device device, void *base, size_t capacity_bytes);
 void arena_free(Arena *a);
 void arena_reset(Arena *a);
 // Returns a 64-byte aligned block of `bytes` (NULL during a counting pass). Aborts with the
 // arena's name if it overflows: that is a planning bug, not a user error.
 void *arena_alloc(Arena *a, size_t bytes);
 float *arena_floats(Arena *a, int64_t count);
+
+#ifdef __cplusplus
+}
+#endif

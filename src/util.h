@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
   char msg[4096];
 } Error;
@@ -39,3 +43,7 @@ double time_now_s(void);
 
 // Levenshtein distance, for "did you mean" hints.
 int edit_distance(const char *a, const char *b);
+
+#ifdef __cplusplus
+}
+#endif

@@ -59,8 +59,8 @@ expect "image must tile into patches" 1 "patch_size" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" model.img_size=226
 expect "stage maps must tile into windows" 1 "window" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" model.window_size=6
-expect "precision not implemented yet is rejected" 1 "precision" -- \
-  "$bin" --dry-run "$src/configs/swin_tiny.ini" precision=bf16
+expect "bf16 on the CPU is rejected" 1 "precision=bf16 needs the CUDA backend" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" device=cpu precision=bf16
 expect "missing dataset directory" 1 "data\.path" -- \
   "$bin" "$src/configs/fashion_mnist.ini" data.path="$tmp/none" run_dir="$tmp/run"
 

@@ -32,7 +32,7 @@ static Config tiny_config(void) {
 // L = sum(logits * R): a loss whose gradient reaches every parameter with O(1) magnitude
 // (cross-entropy has its own test); accumulated in double.
 static double loss_of(Model *m, const float *images, const float *R, int B, int64_t step) {
-  model_forward(m, images, B, true, 7, step);
+  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step);
   double L = 0;
   for (int i = 0; i < B * m->cfg.num_classes; i++) L += (double)m->acts.logits[i] * R[i];
   return L;
@@ -67,12 +67,12 @@ static void test_param_counts(void) {
       c.depths[s] = sizes[i].depths[s], c.num_heads[s] = sizes[i].heads[s];
     Model m;
     Error err;
-    if (model_create(&m, &c, 0, &err) != 0) {
+    if (model_create(&m, &c, NULL, 0, &err) != 0) {
       test_check(0, "%s: model_create failed: %s", sizes[i].name, err.msg);
       continue;
     }
-    test_check(m.num_floats == sizes[i].want, "%s parameter count %lld (want %lld)", sizes[i].name,
-               (long long)m.num_floats, sizes[i].want);
+    test_check(m.num_values == sizes[i].want, "%s parameter count %lld (want %lld)", sizes[i].name,
+               (long long)m.num_values, sizes[i].want);
     model_destroy(&m);
   }
 }
@@ -81,7 +81,8 @@ static void test_gradients(void) {
   Config c = tiny_config();
   Error err;
   Model m;
-  if (model_create(&m, &c, 3, &err) != 0) {
+  Backend be;
+  if (backend_create(&be, "cpu", "fp32", &err) != 0 || model_create(&m, &c, &be, 3, &err) != 0) {
     test_check(0, "tiny model_create: %s", err.msg);
     return;
   }
@@ -103,8 +104,9 @@ static void test_gradients(void) {
     for (int b = 0; b < B && m.acts.blocks[i].dp_attn; b++)
       some_dropped |= m.acts.blocks[i].dp_attn[b] == 0 || m.acts.blocks[i].dp_mlp[b] == 0;
   test_check(some_dropped, "drop path drops some samples at this step (else the test is weaker)");
+  memcpy(m.acts.dlogits, R, sizeof(float) * B * K);  // dL/dlogits = R
   model_zero_grads(&m);
-  model_backward(&m, R, B);  // dL/dlogits = R
+  model_backward(&m, B);
   float *grads = malloc(sizeof(float) * m.num_floats);
   memcpy(grads, m.grads, sizeof(float) * m.num_floats);
 
@@ -113,8 +115,9 @@ static void test_gradients(void) {
   int threads = omp_get_max_threads();
   omp_set_num_threads(1);
   loss_of(&m, images, R, B, step);
+  memcpy(m.acts.dlogits, R, sizeof(float) * B * K);
   model_zero_grads(&m);
-  model_backward(&m, R, B);
+  model_backward(&m, B);
   omp_set_num_threads(threads);
   test_check(memcmp(grads, m.grads, sizeof(float) * m.num_floats) == 0,
              "gradients bitwise identical with 1 and %d threads", threads);
@@ -191,10 +194,10 @@ static void test_gradients(void) {
   }
 
   // Eval forward: no drop path, deterministic, and differs from the train forward.
-  model_forward(&m, images, B, false, 7, step);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7, step);
   float *eval1 = malloc(sizeof(float) * B * K);
   memcpy(eval1, m.acts.logits, sizeof(float) * B * K);
-  model_forward(&m, images, B, false, 99, 12345);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99, 12345);
   test_check(memcmp(eval1, m.acts.logits, sizeof(float) * B * K) == 0,
              "eval forward ignores seed and step");
   free(eval1);
@@ -202,6 +205,7 @@ static void test_gradients(void) {
   free(R);
   free(grads);
   model_destroy(&m);
+  backend_destroy(&be);
 }
 
 int main(void) {

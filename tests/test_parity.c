@@ -81,7 +81,9 @@ static void check_fixture(const char *path) {
   const SafeTensorEntry *in = safetensors_find(&st, "input");
   int B = in ? (int)in->shape[0] : 0, K = cfg.num_classes;
   Model m;
-  if (!in || model_create(&m, &cfg, B, &err) != 0) {
+  Backend be;
+  if (!in || backend_create(&be, "cpu", "fp32", &err) != 0 ||
+      model_create(&m, &cfg, &be, B, &err) != 0) {
     test_check(0, "%s: no input or model: %s", name, err.msg);
     safetensors_free(&st);
     return;
@@ -94,13 +96,15 @@ static void check_fixture(const char *path) {
   if (!input || !logits_ref || !labels || !loss_text || !load_params(&st, &m, "w.", m.weights)) {
     test_check(0, "%s: fixture incomplete", name);
     model_destroy(&m);
+    backend_destroy(&be);
     safetensors_free(&st);
     return;
   }
 
-  // Forward, loss, gradients.
-  float *dlogits = malloc(sizeof(float) * B * K);
-  model_forward(&m, input, B, true, cfg.seed, 0);
+  // Forward, loss, gradients: the trainer's path through the CPU backend.
+  float *dlogits = m.acts.dlogits;
+  const Normalize none = {{0}, {0}};
+  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, 0);
   test_close("logits", m.acts.logits, logits_ref, (int64_t)B * K, 1e-5);
   double loss = cross_entropy_forward_backward_cpu(dlogits, m.acts.logits, labels, NULL,
                                                    cfg.label_smoothing, B, K);
@@ -108,7 +112,7 @@ static void check_fixture(const char *path) {
   test_check(fabs(loss - loss_ref) <= 1e-6, "%-28s loss %.9f vs timm %.9f (diff %.1e, tol 1e-6)",
              name, loss, loss_ref, fabs(loss - loss_ref));
   model_zero_grads(&m);
-  model_backward(&m, dlogits, B);
+  model_backward(&m, B);
   compare_params(&st, &m, "grad.", m.grads, 1e-4, "gradients");
 
   // Five AdamW steps on the same batch.
@@ -118,20 +122,30 @@ static void check_fixture(const char *path) {
                       .warmup_steps = atoi(safetensors_meta_get(&st, "warmup_steps")),
                       .total_steps = atoi(safetensors_meta_get(&st, "total_steps"))};
   float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));
+  int num_chunks = model_adamw_chunks(&m, cfg.weight_decay, NULL);
+  AdamWChunk *chunks = malloc(sizeof(AdamWChunk) * (size_t)num_chunks);
+  model_adamw_chunks(&m, cfg.weight_decay, chunks);
+  OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
-    model_forward(&m, input, B, true, cfg.seed, step);
-    cross_entropy_forward_backward_cpu(dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B,
-                                       K);
+    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, step);
+    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, cfg.label_smoothing, B, K, &state);
     model_zero_grads(&m);
-    model_backward(&m, dlogits, B);
-    optimizer_step(&m, ea, eas, &cfg, lr_at_step(&sched, step), step);
+    model_backward(&m, B);
+    OptimizerStep hyper = {.lr = (float)lr_at_step(&sched, step),
+                           .beta1 = cfg.beta1,
+                           .beta2 = cfg.beta2,
+                           .eps = cfg.eps,
+                           .clip_grad = cfg.clip_grad};
+    be.ops->optimizer_step(&be, m.master, NULL, m.grads, ea, eas, m.num_floats, chunks, num_chunks,
+                           hyper, &state);
     if (step == 0) compare_params(&st, &m, "step1.", m.weights, 1e-5, "1 step");
   }
   compare_params(&st, &m, "step5.", m.weights, 1e-5, "5 steps");
+  free(chunks);
   free(ea);
   free(eas);
-  free(dlogits);
   model_destroy(&m);
+  backend_destroy(&be);
   safetensors_free(&st);
 }
 

@@ -56,6 +56,7 @@ static Config small_config(const char *run_name) {
   c.val_limit = 100;
   c.ckpt_every = 3;
   c.ckpt_keep = 5;
+  snprintf(c.device, sizeof c.device, "cpu");
   return c;
 }
 
@@ -175,7 +176,7 @@ static void test_broken_checkpoints(void) {
   config_validate(&cc, NULL);
   Model m;
   Error err;
-  model_create(&m, &cc, 0, &err);
+  model_create(&m, &cc, NULL, 0, &err);
   float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));
   TrainState st;
   int rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
@@ -197,7 +198,7 @@ static void test_broken_checkpoints(void) {
   other.embed_dim = 24;
   config_validate(&other, NULL);
   Model m2;
-  model_create(&m2, &other, 0, &err);
+  model_create(&m2, &other, NULL, 0, &err);
   float *ea2 = calloc(m2.num_floats, sizeof(float)), *eas2 = calloc(m2.num_floats, sizeof(float));
   rc = checkpoint_load(good, &m2, ea2, eas2, &st, &err);
   test_check(rc != 0 && strstr(err.msg, "model.embed_dim"),

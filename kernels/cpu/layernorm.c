@@ -9,7 +9,9 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "kernels/residual.h"
 #include "src/util.h"
 
 // Upper bound on the row chunks of the backward; fixed so that results never depend on threads.
@@ -90,4 +92,66 @@ void layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
     dbias[c] += (float)sb;
   }
   free(partial);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused residual + LayerNorm, composed of the reference pieces.
+
+static void window_gather(float *out, const float *windows, const WindowMap *m, int B, int C) {
+  window_reverse_cpu(out, windows, B, m->H, m->W, C, m->wh, m->ww, m->sh, m->sw);
+}
+static void window_scatter(float *windows, const float *tokens, const WindowMap *m, int B, int C) {
+  window_partition_cpu(windows, tokens, B, m->H, m->W, C, m->wh, m->ww, m->sh, m->sw);
+}
+
+void residual_layernorm_forward_cpu(float *x_out, float *ln_out, float *mean, float *rstd,
+                                    const float *x_in, const float *branch,
+                                    const WindowMap *branch_map, const float *scale,
+                                    const float *weight, const float *bias, const WindowMap *ln_map,
+                                    int B, int64_t L, int C, float *scratch) {
+  int64_t n = (int64_t)B * L;
+  const float *x = x_in;
+  if (branch) {
+    if (branch_map) {
+      window_gather(scratch, branch, branch_map, B, C);
+      branch = scratch;
+    }
+    residual_forward_cpu(x_out, x_in, branch, scale, B, L * C);
+    x = x_out;
+  }
+  if (!ln_out) return;
+  float *y = ln_map ? scratch : ln_out;
+  layernorm_forward_cpu(y, mean, rstd, x, weight, bias, n, C);
+  if (ln_map) window_scatter(ln_out, y, ln_map, B, C);
+}
+
+void residual_layernorm_backward_cpu(float *dres_out, float *dbranch, float *dweight, float *dbias,
+                                     const float *dres_in, const float *dln, const float *x,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const WindowMap *ln_map, int B, int64_t L, int C,
+                                     float *scratch) {
+  int64_t n = (int64_t)B * L, count = n * C;
+  float *a = scratch, *g = scratch + count;
+  // g = dres_in + LN_backward(dln), in token order.
+  if (dln) {
+    if (ln_map) {
+      window_gather(a, dln, ln_map, B, C);
+      dln = a;
+    }
+    layernorm_backward_cpu(g, dweight, dbias, dln, x, weight, mean, rstd, n, C);
+    if (dres_in) residual_forward_cpu(g, dres_in, g, NULL, 1, count);
+  } else if (dres_in) {
+    memcpy(g, dres_in, sizeof(float) * (size_t)count);
+  } else {
+    memset(g, 0, sizeof(float) * (size_t)count);
+  }
+  if (dres_out) memcpy(dres_out, g, sizeof(float) * (size_t)count);
+  if (!dbranch) return;
+  if (branch_map) {
+    residual_backward_cpu(a, g, scale, B, L * C);
+    window_scatter(dbranch, a, branch_map, B, C);
+  } else {
+    residual_backward_cpu(dbranch, g, scale, B, L * C);
+  }
 }

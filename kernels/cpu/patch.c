@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "kernels/layernorm.h"
+
 void patch_gather_cpu(float *patches, const float *images, int B, int H, int W, int Cin, int p) {
   int Hp = H / p, Wp = W / p, row = Cin * p * p;
 #pragma omp parallel for schedule(static)
@@ -78,4 +80,23 @@ void images_normalize_cpu(float *images, const uint8_t *pixels, int64_t B, int H
     float *dst = images + i * Cin;
     for (int c = 0; c < Cin; c++) dst[c] = ((float)src[c] / 255.0f - mean[c]) / std[c];
   }
+}
+
+void merge_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *tokens,
+                                 const float *weight, const float *bias, int B, int H, int W, int C,
+                                 float *scratch) {
+  patch_merge_forward_cpu(scratch, tokens, B, H, W, C);
+  layernorm_forward_cpu(out, mean, rstd, scratch, weight, bias, (int64_t)B * (H / 2) * (W / 2),
+                        4 * C);
+}
+
+void merge_layernorm_backward_cpu(float *dtokens, float *dweight, float *dbias, const float *dout,
+                                  const float *tokens, const float *weight, const float *mean,
+                                  const float *rstd, int B, int H, int W, int C, float *scratch) {
+  int64_t count = (int64_t)B * H * W * C;
+  float *merged = scratch, *dmerged = scratch + count;
+  patch_merge_forward_cpu(merged, tokens, B, H, W, C);
+  layernorm_backward_cpu(dmerged, dweight, dbias, dout, merged, weight, mean, rstd,
+                         (int64_t)B * (H / 2) * (W / 2), 4 * C);
+  patch_merge_backward_cpu(dtokens, dmerged, B, H, W, C);
 }

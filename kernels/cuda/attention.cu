@@ -1,5 +1,7 @@
 // attention.cu: CUDA windowed multi-head self-attention with relative position bias and shift
-// mask, forward and backward (kernels/attention.h); kernels/cpu/attention.c is the spec.
+// mask, forward and backward (kernels/attention.h), for f32, bf16 and f16 q, k, v and outputs
+// (loaded into f32 shared memory; softmax and products in f32); kernels/cpu/attention.c is the
+// spec.
 //
 // One thread block per (window, head) pair p = b * heads + h on a 1-D grid (gridDim.y/z stop
 // at 65535, which BW * heads passes in Swin-T's first stage from batch 342 on). The block
@@ -87,9 +89,10 @@ int table_rows_bound(int N) {
 // Grid of one block per pair p = b * heads + h. Row phase: S = q_scaled k^T + bias + mask,
 // P = softmax(S) to att and registers; then out[i] = sum_j P[i][j] v[j], P[i][j] broadcast
 // from lane j % 32 by shuffle.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    window_attention_forward_kernel(float *__restrict__ out, float *__restrict__ att,
-                                    const float *__restrict__ qkv, const float *__restrict__ table,
+    window_attention_forward_kernel(T *__restrict__ out, float *__restrict__ att,
+                                    const T *__restrict__ qkv, const float *__restrict__ table,
                                     const int *__restrict__ index, const float *__restrict__ mask,
                                     int nW, int N, int C, int heads, float scale) {
   extern __shared__ float4 attention_smem[];  // float4: 16-byte alignment for any layout
@@ -100,13 +103,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t p = blockIdx.x;
   const int b = (int)(p / heads), h = (int)(p % heads);
 
-  const float *qkv_win = qkv + (int64_t)b * N * 3 * C + h * hd;  // token 0, q of head h
+  const T *qkv_win = qkv + (int64_t)b * N * 3 * C + h * hd;  // token 0, q of head h
   for (int e = threadIdx.x; e < N * hd; e += blockDim.x) {
     int i = e / hd, d = e % hd;
-    const float *row = qkv_win + (int64_t)i * 3 * C;
-    q[e] = row[d] * scale;
-    k[i * ldk + d] = row[C + d];
-    v[e] = row[2 * C + d];
+    const T *row = qkv_win + (int64_t)i * 3 * C;
+    q[e] = to_float<T>(row[d]) * scale;
+    k[i * ldk + d] = to_float<T>(row[C + d]);
+    v[e] = to_float<T>(row[2 * C + d]);
   }
   __syncthreads();
 
@@ -153,10 +156,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int t = 0; t < kSlots; t++)
         if (lane + 32 * t < hd) o[t] += pij * vj[lane + 32 * t];
     }
-    float *out_row = out + ((int64_t)b * N + i) * C + h * hd;
+    T *out_row = out + ((int64_t)b * N + i) * C + h * hd;
 #pragma unroll
     for (int t = 0; t < kSlots; t++)
-      if (lane + 32 * t < hd) out_row[lane + 32 * t] = o[t];
+      if (lane + 32 * t < hd) out_row[lane + 32 * t] = from_float<T>(o[t]);
   }
 }
 
@@ -165,9 +168,10 @@ __global__ void __launch_bounds__(kThreads)
 // ds_out[p]. Element phase: dQ = dS K * scale, dK = dS^T Q_scaled, dV = P^T dO.
 // att and ds_out may be the same array: each block reads its whole P (phase 1) before it writes
 // any dS (phase 2), and no other block touches pair p. Hence no __restrict__ on either.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    window_attention_backward_kernel(float *__restrict__ dqkv, float *ds_out,
-                                     const float *__restrict__ dout, const float *__restrict__ qkv,
+    window_attention_backward_kernel(T *__restrict__ dqkv, float *ds_out,
+                                     const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *att, int N, int C, int heads, float scale) {
   extern __shared__ float4 attention_smem[];
   const int hd = C / heads, ldv = hd + 1;
@@ -180,15 +184,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t p = blockIdx.x;
   const int b = (int)(p / heads), h = (int)(p % heads);
 
-  const float *qkv_win = qkv + (int64_t)b * N * 3 * C + h * hd;
-  const float *dout_win = dout + (int64_t)b * N * C + h * hd;
+  const T *qkv_win = qkv + (int64_t)b * N * 3 * C + h * hd;
+  const T *dout_win = dout + (int64_t)b * N * C + h * hd;
   for (int e = threadIdx.x; e < N * hd; e += blockDim.x) {
     int i = e / hd, d = e % hd;
-    const float *row = qkv_win + (int64_t)i * 3 * C;
-    q[e] = row[d] * scale;
-    k[e] = row[C + d];
-    v[i * ldv + d] = row[2 * C + d];
-    dO[e] = dout_win[(int64_t)i * C + d];
+    const T *row = qkv_win + (int64_t)i * 3 * C;
+    q[e] = to_float<T>(row[d]) * scale;
+    k[e] = to_float<T>(row[C + d]);
+    v[i * ldv + d] = to_float<T>(row[2 * C + d]);
+    dO[e] = to_float<T>(dout_win[(int64_t)i * C + d]);
   }
   const float *P_global = att + p * N * N;
   for (int e = threadIdx.x; e < N * N; e += blockDim.x) P[e] = P_global[e];
@@ -225,7 +229,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  float *dqkv_win = dqkv + (int64_t)b * N * 3 * C + h * hd;
+  T *dqkv_win = dqkv + (int64_t)b * N * 3 * C + h * hd;
   for (int e = threadIdx.x; e < N * hd; e += blockDim.x) {
     int r = e / hd, d = e % hd;
     float dq = 0.0f, dk = 0.0f, dv = 0.0f;
@@ -234,10 +238,10 @@ __global__ void __launch_bounds__(kThreads)
       dk += dS[i * N + r] * q[i * hd + d];
       dv += P[i * N + r] * dO[i * hd + d];
     }
-    float *row = dqkv_win + (int64_t)r * 3 * C;
-    row[d] = dq * scale;
-    row[C + d] = dk;
-    row[2 * C + d] = dv;
+    T *row = dqkv_win + (int64_t)r * 3 * C;
+    row[d] = from_float<T>(dq * scale);
+    row[C + d] = from_float<T>(dk);
+    row[2 * C + d] = from_float<T>(dv);
   }
 }
 
@@ -287,7 +291,8 @@ __global__ void attention_dtable_kernel(float *__restrict__ dtable,
 }
 
 // Opts a kernel in to more than the default 48 KiB of dynamic shared memory when it needs it.
-void allow_smem(const void *kernel, size_t bytes) {
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes > kDefaultSmemBytes)
     CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -295,9 +300,9 @@ void allow_smem(const void *kernel, size_t bytes) {
 
 }  // namespace
 
-void window_attention_forward_cuda(float *out, float *att, const float *qkv, const float *table,
-                                   const int *index, const float *mask, int BW, int nW, int N,
-                                   int C, int heads, cudaStream_t stream) {
+void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
+                                   const float *table, const int *index, const float *mask, int BW,
+                                   int nW, int N, int C, int heads, cudaStream_t stream) {
   check_limits("window_attention_forward_cuda", BW, N, C, heads);
   if (mask && nW < 1) {
     fprintf(stderr, "window_attention_forward_cuda (%s:%d): mask given with nW=%d\n", __FILE__,
@@ -307,9 +312,13 @@ void window_attention_forward_cuda(float *out, float *att, const float *qkv, con
   if (BW == 0) return;
   int hd = C / heads;
   size_t smem = forward_smem_bytes(N, hd);
-  allow_smem((const void *)window_attention_forward_kernel, smem);
-  window_attention_forward_kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
-      out, att, qkv, table, index, mask, nW, N, C, heads, attention_scale(hd));
+  SWIN_DISPATCH(dt, T, {
+    auto kernel = window_attention_forward_kernel<T>;
+    allow_smem(kernel, smem);
+    kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
+        static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, nW, N, C,
+        heads, attention_scale(hd));
+  });
   CUDA_CHECK_LAUNCH();
 }
 
@@ -317,16 +326,20 @@ int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads) {
   return (int64_t)BW * heads * N * N;
 }
 
-void window_attention_backward_cuda(float *dqkv, float *dtable, const float *dout, const float *qkv,
-                                    const float *att, const int *index, int BW, int N, int C,
-                                    int heads, float *scratch, cudaStream_t stream) {
+void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
+                                    const void *qkv, const float *att, const int *index, int BW,
+                                    int N, int C, int heads, float *scratch, cudaStream_t stream) {
   check_limits("window_attention_backward_cuda", BW, N, C, heads);
   if (BW == 0) return;
   int hd = C / heads;
   size_t smem = backward_smem_bytes(N, hd);
-  allow_smem((const void *)window_attention_backward_kernel, smem);
-  window_attention_backward_kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
-      dqkv, scratch, dout, qkv, att, N, C, heads, attention_scale(hd));
+  SWIN_DISPATCH(dt, T, {
+    auto kernel = window_attention_backward_kernel<T>;
+    allow_smem(kernel, smem);
+    kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
+        static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout), static_cast<const T *>(qkv),
+        att, N, C, heads, attention_scale(hd));
+  });
   CUDA_CHECK_LAUNCH();
 
   // Window sums of dS per (h, i, j): 32 elements per block.

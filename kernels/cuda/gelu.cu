@@ -1,4 +1,5 @@
-// gelu.cu: CUDA exact (erf) GELU and its derivative (kernels/gelu.h), fp32, elementwise.
+// gelu.cu: CUDA exact (erf) GELU and its derivative (kernels/gelu.h), elementwise on f32, bf16
+// or f16 tensors with the arithmetic in f32.
 //
 // GELU(x) = x Phi(x), GELU'(x) = Phi(x) + x phi(x), with Phi from CUDA's normcdff (accurate in
 // the far left tail, where 1 + erf would cancel) and phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
@@ -34,62 +35,76 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return fmaf(x, pdf, normcdff(x));
 }
 
-// One thread per VEC consecutive elements; the last thread finishes a ragged tail one float at
-// a time. VEC is 4 only when every pointer is 16-byte aligned.
-template <int VEC>
+// One thread per VEC consecutive elements; the last thread finishes a ragged tail one element at
+// a time. VEC is a 16-byte vector only when every pointer is 16-byte aligned.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    gelu_forward_kernel(float *__restrict__ out, const float *__restrict__ inp, int64_t n) {
+    gelu_forward_kernel(T *__restrict__ out, const T *__restrict__ inp, int64_t n) {
   int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  if (VEC == 4 && i + 4 <= n) {
-    float4 x = *reinterpret_cast<const float4 *>(inp + i);
-    *reinterpret_cast<float4 *>(out + i) =
-        make_float4(gelu_value(x.x), gelu_value(x.y), gelu_value(x.z), gelu_value(x.w));
+  if (i + VEC <= n) {
+    float x[VEC];
+    load_vec<T, VEC>(x, inp + i);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) x[k] = gelu_value(x[k]);
+    store_vec<T, VEC>(out + i, x);
   } else {
-    for (int64_t end = i + VEC < n ? i + VEC : n; i < end; i++) out[i] = gelu_value(inp[i]);
+    for (; i < n; i++) out[i] = from_float<T>(gelu_value(to_float<T>(inp[i])));
   }
 }
 
 // dinp and dout may alias (no __restrict__ on them): each element is read before it is written,
 // by the same thread.
-template <int VEC>
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    gelu_backward_kernel(float *dinp, const float *__restrict__ inp, const float *dout, int64_t n) {
+    gelu_backward_kernel(T *dinp, const T *__restrict__ inp, const T *dout, int64_t n) {
   int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  if (VEC == 4 && i + 4 <= n) {
-    float4 x = *reinterpret_cast<const float4 *>(inp + i);
-    float4 g = *reinterpret_cast<const float4 *>(dout + i);
-    *reinterpret_cast<float4 *>(dinp + i) = make_float4(g.x * gelu_grad(x.x), g.y * gelu_grad(x.y),
-                                                        g.z * gelu_grad(x.z), g.w * gelu_grad(x.w));
+  if (i + VEC <= n) {
+    float x[VEC], g[VEC];
+    load_vec<T, VEC>(x, inp + i);
+    load_vec<T, VEC>(g, dout + i);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) g[k] *= gelu_grad(x[k]);
+    store_vec<T, VEC>(dinp + i, g);
   } else {
-    for (int64_t end = i + VEC < n ? i + VEC : n; i < end; i++)
-      dinp[i] = dout[i] * gelu_grad(inp[i]);
+    for (; i < n; i++)
+      dinp[i] = from_float<T>(to_float<T>(dout[i]) * gelu_grad(to_float<T>(inp[i])));
   }
 }
 
-unsigned blocks_for(int64_t n, int vec) {
+unsigned gelu_blocks(int64_t n, int vec) {
   int64_t per_block = (int64_t)kThreadsPerBlock * vec;
   return (unsigned)((n + per_block - 1) / per_block);
 }
 
 }  // namespace
 
-void gelu_forward_cuda(float *out, const float *inp, int64_t n, cudaStream_t stream) {
+void gelu_forward_cuda(DType dt, void *out, const void *inp, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  if (aligned16(out) && aligned16(inp)) {
-    gelu_forward_kernel<4><<<blocks_for(n, 4), kThreadsPerBlock, 0, stream>>>(out, inp, n);
-  } else {
-    gelu_forward_kernel<1><<<blocks_for(n, 1), kThreadsPerBlock, 0, stream>>>(out, inp, n);
-  }
+  SWIN_DISPATCH(dt, T, {
+    T *o = static_cast<T *>(out);
+    const T *x = static_cast<const T *>(inp);
+    if (aligned16(out) && aligned16(inp)) {
+      constexpr int V = kVec16<T>;
+      gelu_forward_kernel<T, V><<<gelu_blocks(n, V), kThreadsPerBlock, 0, stream>>>(o, x, n);
+    } else {
+      gelu_forward_kernel<T, 1><<<gelu_blocks(n, 1), kThreadsPerBlock, 0, stream>>>(o, x, n);
+    }
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward_cuda(float *dinp, const float *inp, const float *dout, int64_t n,
+void gelu_backward_cuda(DType dt, void *dinp, const void *inp, const void *dout, int64_t n,
                         cudaStream_t stream) {
   if (n <= 0) return;
-  if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
-    gelu_backward_kernel<4><<<blocks_for(n, 4), kThreadsPerBlock, 0, stream>>>(dinp, inp, dout, n);
-  } else {
-    gelu_backward_kernel<1><<<blocks_for(n, 1), kThreadsPerBlock, 0, stream>>>(dinp, inp, dout, n);
-  }
+  SWIN_DISPATCH(dt, T, {
+    T *d = static_cast<T *>(dinp);
+    const T *x = static_cast<const T *>(inp), *g = static_cast<const T *>(dout);
+    if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
+      constexpr int V = kVec16<T>;
+      gelu_backward_kernel<T, V><<<gelu_blocks(n, V), kThreadsPerBlock, 0, stream>>>(d, x, g, n);
+    } else {
+      gelu_backward_kernel<T, 1><<<gelu_blocks(n, 1), kThreadsPerBlock, 0, stream>>>(d, x, g, n);
+    }
+  });
   CUDA_CHECK_LAUNCH();
 }

@@ -1,36 +1,90 @@
-// gemm.cu: single-precision matrix products on cuBLAS, and the linear layer on top
-// (kernels/gemm.h).
+// gemm.cu: matrix products on cuBLASLt and the linear layer on top (kernels/gemm.h), for f32,
+// bf16 and f16 operands with f32 accumulation.
 //
-// cuBLAS is column-major; a row-major (R, S) matrix with row stride ld is the column-major
+// cuBLASLt is column-major; a row-major (R, S) matrix with row stride ld is the column-major
 // (S, R) matrix with the same ld, its transpose. So the row-major C = op(A) op(B) is computed as
 // the column-major C^T = op(B)^T op(A)^T: swap the operands and M with N, keep each operand's
-// transpose flag. The fp32 product runs in CUBLAS_DEFAULT_MATH (no TF32): this is the reference
-// path the reduced-precision modes are measured against.
+// transpose flag. The bias epilogue adds a vector along the column-major rows of C^T, which are
+// the row-major columns of C: one value per output feature, as a linear layer wants.
+//
+// f32 runs in CUBLAS_COMPUTE_32F, true fp32 (no TF32): the reference path the reduced precisions
+// are measured against. Every distinct problem (types, shape, strides, alignment, epilogue) gets
+// its algorithm from the heuristic once and keeps it: cuBLASLt is then deterministic on one stream
+// (its split-K reductions are fixed-order), so a run's bits do not change from step to step.
+#include <cublasLt.h>
+
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
 #include "src/cuda_util.h"
 
-#define CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                        \
-    cublasStatus_t st_ = (call);                                                              \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                       \
-      fprintf(stderr, "cuBLAS error %s at %s:%d: %s\n", cublasGetStatusString(st_), __FILE__, \
-              __LINE__, #call);                                                               \
-      abort();                                                                                \
-    }                                                                                         \
+#define CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                          \
+    cublasStatus_t st_ = (call);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      fprintf(stderr, "cuBLAS error %s at %s:%d: %s\n", cublasLtGetStatusString(st_), __FILE__, \
+              __LINE__, #call);                                                                 \
+      abort();                                                                                  \
+    }                                                                                           \
   } while (0)
 
 namespace {
 
 using namespace swin_cuda;
 
-// (rows, cols) elementwise kernels: a warp along a row (coalesced), 8 rows per block, the
-// rows beyond gridDim.y's limit covered by a loop.
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kMaxPlans = 256;
+
+// What decides the algorithm of one product.
+struct GemmKey {
+  int ab, cd;  // DType of A and B, of C and D
+  int trans_a, trans_b;
+  int64_t M, N, K, lda, ldb, ldc;
+  int bias;
+  int align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
+};
+
+struct GemmPlan {
+  GemmKey key;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;  // cuBLASLt's A (our B), B (our A), C = D
+  cublasLtMatmulAlgo_t algo;
+};
+
+int pointer_alignment(const void *p) {
+  uintptr_t v = (uintptr_t)p;
+  int a = 1;
+  while (a < 256 && (v & (uintptr_t)(2 * a - 1)) == 0) a *= 2;
+  return p ? a : 256;
+}
+
+cudaDataType_t cuda_type(int dt) {
+  switch (dt) {
+    case DTYPE_F32:
+      return CUDA_R_32F;
+    case DTYPE_BF16:
+      return CUDA_R_16BF;
+    case DTYPE_F16:
+      return CUDA_R_16F;
+    default:
+      unsupported_dtype("gemm_cuda", (DType)dt);
+  }
+}
+
+void check_fits_int(const char *what, int64_t v) {
+  if (v > INT_MAX) {
+    fprintf(stderr, "gemm_cuda: %s = %lld exceeds 32-bit sizes\n", what, (long long)v);
+    abort();
+  }
+}
+
+// (rows, cols) elementwise kernels: a warp along a row (coalesced), 8 rows per block, the rows
+// beyond gridDim.y's limit covered by a loop.
 constexpr int kColsPerBlock = 32, kRowsPerBlock = 8;
 
 struct MatrixLaunch {
@@ -46,26 +100,17 @@ MatrixLaunch matrix_launch(int64_t rows, int64_t cols) {
   return l;
 }
 
-// C (rows, cols; row stride ldc) = beta C, with beta == 0 writing zeros without reading C.
-__global__ void scale_kernel(float *C, int64_t rows, int64_t cols, int64_t ldc, float beta) {
+// C (rows, cols; row stride ldc) = beta C, with beta == 0 writing zeros without reading C: the
+// product with K == 0, which cuBLASLt does not take.
+template <typename T>
+__global__ void scale_kernel(T *C, int64_t rows, int64_t cols, int64_t ldc, float beta) {
   int64_t j = (int64_t)blockIdx.x * kColsPerBlock + threadIdx.x;
   if (j >= cols) return;
   for (int64_t i = (int64_t)blockIdx.y * kRowsPerBlock + threadIdx.y; i < rows;
        i += (int64_t)gridDim.y * kRowsPerBlock) {
-    float *c = C + i * ldc + j;
-    *c = beta == 0.0f ? 0.0f : beta * *c;
+    T *c = C + i * ldc + j;
+    *c = from_float<T>(beta == 0.0f ? 0.0f : beta * to_float<T>(*c));
   }
-}
-
-// out (rows, cols) = bias (cols) on every row.
-__global__ void broadcast_rows_kernel(float *__restrict__ out, const float *__restrict__ bias,
-                                      int64_t rows, int64_t cols) {
-  int64_t j = (int64_t)blockIdx.x * kColsPerBlock + threadIdx.x;
-  if (j >= cols) return;
-  float v = bias[j];
-  for (int64_t i = (int64_t)blockIdx.y * kRowsPerBlock + threadIdx.y; i < rows;
-       i += (int64_t)gridDim.y * kRowsPerBlock)
-    out[i * cols + j] = v;
 }
 
 // ---- deterministic column sums ------------------------------------------------------------
@@ -84,7 +129,8 @@ int64_t column_sum_chunks(int64_t rows, int64_t cols) {
   return chunks > 1 ? chunks : 1;
 }
 
-__global__ void column_sums_partial_kernel(float *__restrict__ partial, const float *__restrict__ x,
+template <typename T>
+__global__ void column_sums_partial_kernel(float *__restrict__ partial, const T *__restrict__ x,
                                            int64_t rows, int cols, int64_t rows_per_chunk) {
   __shared__ float sums[kRowsPerBlock][kColsPerBlock + 1];
   int64_t col = (int64_t)blockIdx.x * kColsPerBlock + threadIdx.x;
@@ -92,7 +138,8 @@ __global__ void column_sums_partial_kernel(float *__restrict__ partial, const fl
   int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
   float acc = 0.0f;
   if (col < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) acc += x[r * cols + col];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock)
+      acc += to_float<T>(x[r * cols + col]);
   sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
@@ -118,71 +165,161 @@ __global__ void column_sums_finish_kernel(float *__restrict__ out,
   if (lane == 0) out[col] += acc;
 }
 
-void check_fits_int(const char *fn, const char *what, int64_t v) {
-  if (v > INT_MAX) {
-    fprintf(stderr, "%s: %s = %lld exceeds cuBLAS's 32-bit sizes\n", fn, what, (long long)v);
-    abort();
-  }
-}
-
-cudaStream_t handle_stream(cublasHandle_t handle) {
-  cudaStream_t stream = nullptr;
-  CUBLAS_CHECK(cublasGetStream(handle, &stream));
-  return stream;
-}
-
 }  // namespace
 
-void gemm_cuda(cublasHandle_t handle, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-               float *C, int64_t ldc) {
+struct GemmContext {
+  cublasLtHandle_t lt;
+  cudaStream_t stream;
+  void *workspace;
+  GemmPlan plans[kMaxPlans];
+  int num_plans;
+};
+
+GemmContext *gemm_context_create(cudaStream_t stream) {
+  GemmContext *g = (GemmContext *)calloc(1, sizeof(GemmContext));
+  if (!g) abort();
+  g->stream = stream;
+  CUBLAS_CHECK(cublasLtCreate(&g->lt));
+  CUDA_CHECK(cudaMalloc(&g->workspace, kWorkspaceBytes));
+  return g;
+}
+
+void gemm_context_destroy(GemmContext *g) {
+  if (!g) return;
+  for (int i = 0; i < g->num_plans; i++) {
+    GemmPlan *p = &g->plans[i];
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c);
+    cublasLtMatmulDescDestroy(p->desc);
+  }
+  cudaFree(g->workspace);
+  cublasLtDestroy(g->lt);
+  free(g);
+}
+
+size_t gemm_context_bytes(void) {
+  return kWorkspaceBytes;
+}
+
+// The plan of a problem: found in the cache, or made (descriptors + heuristic) and kept.
+static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key) {
+  for (int i = 0; i < g->num_plans; i++)
+    if (memcmp(&g->plans[i].key, &key, sizeof key) == 0) return &g->plans[i];
+  if (g->num_plans == kMaxPlans) {
+    fprintf(stderr, "gemm_cuda: more than %d distinct products\n", kMaxPlans);
+    abort();
+  }
+  GemmPlan *p = &g->plans[g->num_plans];
+  p->key = key;
+  cudaDataType_t ab = cuda_type(key.ab), cd = cuda_type(key.cd);
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's A is our B, its B our A (see the top of the file).
+  cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  cublasLtEpilogue_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof epilogue));
+  // Stored shapes, column-major: our B is (N, K) or, transposed, (K, N); our A (K, M) or (M, K).
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, key.trans_b ? key.K : key.N,
+                                          key.trans_b ? key.N : key.K, key.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, key.trans_a ? key.M : key.K,
+                                          key.trans_a ? key.K : key.M, key.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd, key.N, key.M, key.ldc));
+
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws));
+  uint32_t align_a = (uint32_t)key.align_b, align_b = (uint32_t)key.align_a,
+           align_c = (uint32_t)key.align_c;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1,
+                                              &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found < 1) {
+    fprintf(stderr,
+            "gemm_cuda: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld (types %s/%s, trans "
+            "%d%d, bias %d)\n",
+            (long long)key.M, (long long)key.N, (long long)key.K, dtype_name((DType)key.ab),
+            dtype_name((DType)key.cd), key.trans_a, key.trans_b, key.bias);
+    abort();
+  }
+  p->algo = result.algo;
+  g->num_plans++;
+  return p;
+}
+
+void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int64_t M, int64_t N,
+               int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+               float beta, void *C, int64_t ldc, const void *bias) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    // A sum of no terms; handled here since cuBLAS rejects the leading dimensions a row-major
-    // caller may pass for empty operands (lda = K = 0).
+    // A sum of no terms (bias ignored: no caller asks for one here).
     MatrixLaunch l = matrix_launch(M, N);
-    scale_kernel<<<l.grid, l.block, 0, handle_stream(handle)>>>(C, M, N, ldc, beta);
+    SWIN_DISPATCH(cd, T,
+                  scale_kernel<T>
+                  <<<l.grid, l.block, 0, g->stream>>>(static_cast<T *>(C), M, N, ldc, beta));
     CUDA_CHECK_LAUNCH();
     return;
   }
-  check_fits_int("gemm_cuda", "M", M);
-  check_fits_int("gemm_cuda", "N", N);
-  check_fits_int("gemm_cuda", "K", K);
-  check_fits_int("gemm_cuda", "lda", lda);
-  check_fits_int("gemm_cuda", "ldb", ldb);
-  check_fits_int("gemm_cuda", "ldc", ldc);
-  CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-  CUBLAS_CHECK(cublasSgemm(handle, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B,
-                           (int)ldb, A, (int)lda, &beta, C, (int)ldc));
+  check_fits_int("M", M);
+  check_fits_int("N", N);
+  check_fits_int("K", K);
+  GemmKey key;
+  memset(&key, 0, sizeof key);  // padding too: keys are compared bytewise
+  key.ab = ab;
+  key.cd = cd;
+  key.trans_a = transA;
+  key.trans_b = transB;
+  key.M = M, key.N = N, key.K = K, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+  key.bias = bias != nullptr;
+  key.align_a = pointer_alignment(A);
+  key.align_b = pointer_alignment(B);
+  key.align_c = pointer_alignment(C);
+  key.align_bias = pointer_alignment(bias);
+  const GemmPlan *p = gemm_plan(g, key);
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
+  CUBLAS_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,
+                              &p->algo, g->workspace, kWorkspaceBytes, g->stream));
 }
 
-void linear_forward_cuda(cublasHandle_t handle, float *out, const float *inp, const float *weight,
-                         const float *bias, int64_t N, int IC, int OC) {
-  if (N <= 0 || OC <= 0) return;
-  float beta = 0.0f;
-  if (bias) {
-    // out = bias, then out = inp weight^T + 1 * out: cuBLAS adds the bias in its epilogue.
-    MatrixLaunch l = matrix_launch(N, OC);
-    broadcast_rows_kernel<<<l.grid, l.block, 0, handle_stream(handle)>>>(out, bias, N, OC);
-    CUDA_CHECK_LAUNCH();
-    beta = 1.0f;
-  }
-  gemm_cuda(handle, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+void linear_forward_cuda(GemmContext *g, DType dt, void *out, const void *inp, const void *weight,
+                         const void *bias, int64_t N, int IC, int OC) {
+  gemm_cuda(g, dt, dt, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC, bias);
 }
 
 int64_t linear_backward_cuda_scratch(int64_t N, int OC) {
   return column_sum_chunks(N, OC) * (OC > 0 ? OC : 0);
 }
 
-void linear_backward_cuda(cublasHandle_t handle, float *dinp, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight, int64_t N,
-                          int IC, int OC, float *scratch) {
+void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, float *dbias,
+                          const void *dout, const void *inp, const void *weight, int64_t N, int IC,
+                          int OC, float *scratch) {
   // dinp (N, IC) = dout (N, OC) weight (OC, IC)
-  if (dinp) gemm_cuda(handle, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
-  // dweight (OC, IC) += dout^T (OC, N) inp (N, IC)
+  if (dinp)
+    gemm_cuda(g, dt, dt, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC,
+              nullptr);
+  // dweight (OC, IC) += dout^T (OC, N) inp (N, IC), accumulated in f32
   if (dweight)
-    gemm_cuda(handle, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    gemm_cuda(g, dt, DTYPE_F32, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC,
+              nullptr);
   if (!dbias || N <= 0 || OC <= 0) return;
   if (!scratch) {
     fprintf(stderr,
@@ -192,14 +329,15 @@ void linear_backward_cuda(cublasHandle_t handle, float *dinp, float *dweight, fl
     abort();
   }
   // dbias (OC) += column sums of dout (N, OC), in two fixed-order passes.
-  cudaStream_t stream = handle_stream(handle);
   int64_t chunks = column_sum_chunks(N, OC);
   int64_t rows_per_chunk = (N + chunks - 1) / chunks;
   dim3 grid1((unsigned)((OC + kColsPerBlock - 1) / kColsPerBlock), (unsigned)chunks);
-  column_sums_partial_kernel<<<grid1, dim3(kColsPerBlock, kRowsPerBlock), 0, stream>>>(
-      scratch, dout, N, OC, rows_per_chunk);
+  SWIN_DISPATCH(dt, T,
+                column_sums_partial_kernel<T>
+                <<<grid1, dim3(kColsPerBlock, kRowsPerBlock), 0, g->stream>>>(
+                    scratch, static_cast<const T *>(dout), N, OC, rows_per_chunk));
   CUDA_CHECK_LAUNCH();
   unsigned grid2 = (unsigned)((OC + kFinishWarps - 1) / kFinishWarps);
-  column_sums_finish_kernel<<<grid2, kFinishWarps * 32, 0, stream>>>(dbias, scratch, chunks, OC);
+  column_sums_finish_kernel<<<grid2, kFinishWarps * 32, 0, g->stream>>>(dbias, scratch, chunks, OC);
   CUDA_CHECK_LAUNCH();
 }

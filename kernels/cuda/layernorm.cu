@@ -1,22 +1,29 @@
-// layernorm.cu: CUDA LayerNorm over the last dimension (kernels/layernorm.h), fp32.
+// layernorm.cu: the fused residual + LayerNorm and patch merging + LayerNorm on CUDA
+// (kernels/layernorm.h, kernels/patch.h), forward and backward, for f32, bf16 and f16 tensors
+// with f32 statistics. kernels/cpu/layernorm.c and kernels/cpu/patch.c compose the same ops from
+// their reference pieces and are the spec.
 //
-// One warp per row: the lanes stride over the row's C values (16 bytes at a time when the
-// layout allows), so every load is coalesced, and the row statistics are warp-shuffle sums,
-// the same on every lane. The row is read again from L1/L2 for each pass instead of being kept
-// in registers, which keeps one kernel for every C.
+// One warp per row: the lanes stride over the row's C values (16 bytes at a time when the layout
+// allows), so every load is coalesced, and the row statistics are warp-shuffle sums, the same on
+// every lane. The row is re-read from L1/L2 for each pass instead of being kept in registers,
+// which keeps one kernel for every C. The window partition and reverse around the attention are
+// folded into the row addressing (window_row in kernels/window.h): the residual reads the
+// attention branch from its window row, and LN1 writes its output to the window row, so no
+// separate permutation pass exists.
 //
-// The backward's parameter gradients are sums over all N rows. Floating-point atomics would
-// make their last bits depend on timing, so each block instead owns a fixed range of rows, each
-// of its warps accumulates its rows' dout * xhat and dout in its own shared-memory copy (one
-// lane per column, no races), the block adds its warps in warp order into its slot of scratch,
-// and a second kernel adds the blocks' slots in block order. The partition depends only on
-// (N, C), so dweight and dbias are bitwise the same run after run.
+// The backward's parameter gradients are sums over all rows. Floating-point atomics would make
+// their last bits depend on timing, so each block instead owns a fixed range of rows, each of its
+// warps accumulates its rows' dout * xhat and dout in its own shared-memory copy (one lane per
+// column, no races), the block adds its warps in warp order into its slot of scratch, and a
+// second kernel adds the blocks' slots in block order (in double). The partition depends only on
+// (rows, C), so the gradients are bitwise the same run after run.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/layernorm.h"
+#include "kernels/patch.h"
 #include "src/cuda_util.h"
 
 namespace {
@@ -39,76 +46,31 @@ constexpr int64_t kBackwardMaxBlocks = 1024;
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
 
-// VEC consecutive floats at p (16-byte aligned when VEC == 4).
-template <int VEC>
-__device__ __forceinline__ void load_vec(float (&v)[VEC], const float *p) {
-  if constexpr (VEC == 4) {
-    float4 t = *reinterpret_cast<const float4 *>(p);
-    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-  } else {
-    for (int k = 0; k < VEC; k++) v[k] = p[k];
-  }
-}
-template <int VEC>
-__device__ __forceinline__ void store_vec(float *p, const float (&v)[VEC]) {
-  if constexpr (VEC == 4) {
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    for (int k = 0; k < VEC; k++) p[k] = v[k];
-  }
+// A map passed by value: `on` false means plain token order.
+struct RowMap {
+  WindowMap m;
+  bool on;
+};
+
+RowMap row_map(const WindowMap *m) {
+  RowMap r;
+  r.on = m != nullptr;
+  r.m = m ? *m : WindowMap{1, 1, 1, 1, 0, 0};
+  return r;
 }
 
-// ---- forward --------------------------------------------------------------------------------
-// Two passes over the row (mean, then squared deviations from it) as on the CPU, avoiding the
-// cancellation of E[x^2] - E[x]^2; a third pass writes the output. VEC is 4 only when C % 4 == 0
-// and inp, out, weight, bias are 16-byte aligned, so lane offsets c stay inside the row.
-template <int VEC>
-__global__ void __launch_bounds__(kForwardThreads)
-    layernorm_forward_kernel(float *__restrict__ out, float *__restrict__ mean,
-                             float *__restrict__ rstd, const float *__restrict__ inp,
-                             const float *__restrict__ weight, const float *__restrict__ bias,
-                             int64_t N, int C) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (row >= N) return;  // whole warps leave together; no block-wide synchronization follows
-  const float *x = inp + row * C;
-  float *y = out + row * C;
-
-  float sum = 0.0f;
-  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-    float xv[VEC];
-    load_vec<VEC>(xv, x + c);
-    for (int k = 0; k < VEC; k++) sum += xv[k];
-  }
-  const float m = warp_sum(sum) / C;
-  float sq = 0.0f;
-  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-    float xv[VEC];
-    load_vec<VEC>(xv, x + c);
-    for (int k = 0; k < VEC; k++) {
-      float d = xv[k] - m;
-      sq += d * d;
-    }
-  }
-  // IEEE sqrt and division (nvcc's defaults without --use_fast_math): rstd within an ulp.
-  const float r = 1.0f / sqrtf(warp_sum(sq) / C + LAYERNORM_EPS);
-  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-    float xv[VEC], wv[VEC], bv[VEC], yv[VEC];
-    load_vec<VEC>(xv, x + c);
-    load_vec<VEC>(wv, weight + c);
-    load_vec<VEC>(bv, bias + c);
-    for (int k = 0; k < VEC; k++) yv[k] = (xv[k] - m) * r * wv[k] + bv[k];
-    store_vec<VEC>(y + c, yv);
-  }
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
+// Row of token t (image b = t / L) in the order of map (t itself when the map is off).
+__device__ __forceinline__ int64_t mapped_row(const RowMap &map, int64_t t, int64_t L) {
+  if (!map.on) return t;
+  int64_t b = t / L, yx = t - b * L;
+  int y = (int)(yx / map.m.W), x = (int)(yx - (int64_t)y * map.m.W);
+  return window_row(&map.m, b, y, x);
 }
 
-// ---- backward -------------------------------------------------------------------------------
-// The fixed partition of the backward: `warps` warps per block, `rows_per_block` consecutive
-// rows per block, `blocks` blocks. Everything is a function of (N, C) alone.
+// ---- parameter-gradient partials (shared by both backwards) -----------------------------------
+
+// The fixed partition of a backward: `warps` warps per block, `rows_per_block` consecutive rows
+// per block, `blocks` blocks. Everything is a function of (rows, C) alone.
 struct BackwardPlan {
   int warps;
   int64_t rows_per_block, blocks;
@@ -127,66 +89,15 @@ BackwardPlan backward_plan(int64_t N, int C) {
   return p;
 }
 
-// dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight, per row (as the CPU);
-// partial[block] (2C) = this block's rows' sums of dout * xhat (C) then of dout (C).
-// Warp w of a block takes rows begin + w, begin + w + warps, ...; lane l owns columns
-// l*VEC + j*32*VEC + k of its warp's accumulators, so only that lane ever touches them.
-template <int VEC>
-__global__ void __launch_bounds__(kBackwardMaxThreads)
-    layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial,
-                              const float *__restrict__ dout, const float *__restrict__ inp,
-                              const float *__restrict__ weight, const float *__restrict__ mean,
-                              const float *__restrict__ rstd, int64_t N, int C,
-                              int64_t rows_per_block) {
-  extern __shared__ float4 shared_f4[];  // float4: 16-byte alignment for the VEC == 4 accesses
-  float *acc_all = reinterpret_cast<float *>(shared_f4);
-  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  float *acc_dw = acc_all + (size_t)warp * 2 * C, *acc_db = acc_dw + C;
-  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-    for (int k = 0; k < VEC; k++) acc_dw[c + k] = acc_db[c + k] = 0.0f;
-  }
+__device__ __forceinline__ void zero_accumulators(float *acc, int C) {
+  for (int c = threadIdx.x % kWarp; c < 2 * C; c += kWarp) acc[c] = 0.0f;
+}
 
-  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
-  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
-  for (int64_t row = row_begin + warp; row < row_end; row += warps) {
-    const float *x = inp + row * C, *dy = dout + row * C;
-    float *dx = dinp + row * C;
-    const float m = mean[row], r = rstd[row];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-      float xv[VEC], dyv[VEC], wv[VEC], dwv[VEC], dbv[VEC];
-      load_vec<VEC>(xv, x + c);
-      load_vec<VEC>(dyv, dy + c);
-      load_vec<VEC>(wv, weight + c);
-      load_vec<VEC>(dwv, acc_dw + c);
-      load_vec<VEC>(dbv, acc_db + c);
-      for (int k = 0; k < VEC; k++) {
-        float xhat = (xv[k] - m) * r;
-        float g = dyv[k] * wv[k];
-        sum_g += g;
-        sum_gx += g * xhat;
-        dwv[k] += dyv[k] * xhat;
-        dbv[k] += dyv[k];
-      }
-      store_vec<VEC>(acc_dw + c, dwv);
-      store_vec<VEC>(acc_db + c, dbv);
-    }
-    const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
-    for (int c = lane * VEC; c < C; c += kWarp * VEC) {
-      float xv[VEC], dyv[VEC], wv[VEC], dxv[VEC];
-      load_vec<VEC>(xv, x + c);
-      load_vec<VEC>(dyv, dy + c);
-      load_vec<VEC>(wv, weight + c);
-      for (int k = 0; k < VEC; k++) {
-        float xhat = (xv[k] - m) * r;
-        dxv[k] = r * (dyv[k] * wv[k] - mean_g - xhat * mean_gx);
-      }
-      store_vec<VEC>(dx + c, dxv);
-    }
-  }
-
-  // Every thread reaches this barrier: the row loop above has no early exit.
+// After the row loop (every thread of the block reaches it): the block's warps' accumulators
+// added in warp order into the block's slot of partial (2C).
+__device__ void store_block_partial(float *partial, const float *acc_all, int C) {
   __syncthreads();
+  const int warps = blockDim.x / kWarp;
   float *slot = partial + (int64_t)blockIdx.x * 2 * C;
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
     float s = 0.0f;
@@ -199,8 +110,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 // a fixed order: thread row ty adds blocks ty, ty + 32, ... in order, then thread row 0 adds the
 // 32 thread rows in order. Block (32, 32), one block per 32 of the 2C columns.
 __global__ void __launch_bounds__(kReduceThreads)
-    layernorm_param_grad_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
-                                       const float *__restrict__ partial, int64_t blocks, int C) {
+    param_grad_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
+                             const float *__restrict__ partial, int64_t blocks, int C) {
   __shared__ double rows[kReduceRows][kWarp];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int col = blockIdx.x * kWarp + tx;
@@ -220,58 +131,407 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
+void launch_param_grad_reduce(float *dweight, float *dbias, const float *partial, int64_t blocks,
+                              int C, cudaStream_t stream) {
+  const unsigned reduce_blocks = (unsigned)((2 * (int64_t)C + kWarp - 1) / kWarp);
+  param_grad_reduce_kernel<<<reduce_blocks, dim3(kWarp, kReduceRows), 0, stream>>>(
+      dweight, dbias, partial, blocks, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > (size_t)kDefaultSharedBytes)
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// ---- residual + LayerNorm, forward ------------------------------------------------------------
+// Row t: v = x_in[t] + scale[b] * branch[bmap(t)] rounded to T (written to x_out[t]) or x_in[t];
+// two passes for the statistics (mean, then squared deviations from it, as the CPU: no
+// cancellation of E[x^2] - E[x]^2), a third writes LN(v) to ln_out[lmap(t)].
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kForwardThreads)
+    residual_layernorm_forward_kernel(T *x_out, T *__restrict__ ln_out, float *__restrict__ mean,
+                                      float *__restrict__ rstd, const T *x_in,
+                                      const T *__restrict__ branch, RowMap bmap,
+                                      const float *__restrict__ scale,
+                                      const float *__restrict__ weight,
+                                      const float *__restrict__ bias, RowMap lmap, int64_t N,
+                                      int64_t L, int C) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (t >= N) return;  // whole warps leave together; no block-wide synchronization follows
+  const T *src = x_in + t * C;
+  if (branch) {
+    const T *br = branch + mapped_row(bmap, t, L) * C;
+    T *dst = x_out + t * C;
+    const float s = scale ? scale[t / L] : 1.0f;
+    for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+      float xv[VEC], bv[VEC];
+      load_vec<T, VEC>(xv, src + c);
+      load_vec<T, VEC>(bv, br + c);
+#pragma unroll
+      for (int k = 0; k < VEC; k++) xv[k] = xv[k] + s * bv[k];
+      store_vec<T, VEC>(dst + c, xv);
+    }
+    src = dst;  // LayerNorm reads the sum as stored
+  }
+  if (!ln_out) return;
+
+  float sum = 0.0f;
+  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+    float xv[VEC];
+    load_vec<T, VEC>(xv, src + c);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) sum += xv[k];
+  }
+  const float m = warp_sum(sum) / C;
+  float sq = 0.0f;
+  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+    float xv[VEC];
+    load_vec<T, VEC>(xv, src + c);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+      float d = xv[k] - m;
+      sq += d * d;
+    }
+  }
+  // IEEE sqrt and division (nvcc's defaults without --use_fast_math): rstd within an ulp.
+  const float r = 1.0f / sqrtf(warp_sum(sq) / C + LAYERNORM_EPS);
+  T *y = ln_out + mapped_row(lmap, t, L) * C;
+  for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+    float xv[VEC], yv[VEC];
+    load_vec<T, VEC>(xv, src + c);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) yv[k] = (xv[k] - m) * r * weight[c + k] + bias[c + k];
+    store_vec<T, VEC>(y + c, yv);
+  }
+  if (lane == 0) {
+    mean[t] = m;
+    rstd[t] = r;
+  }
+}
+
+// ---- residual + LayerNorm, backward -----------------------------------------------------------
+// Row t: g = dres_in[t] + rstd * (gy - mean(gy) - xhat * mean(gy * xhat)), gy = dln[lmap(t)] *
+// weight (the CPU's formula); dres_out[t] = g, dbranch[bmap(t)] = scale[b] * g. Without dln the
+// LayerNorm term and the parameter gradients are absent. dres_in and dres_out may be the same
+// array (each element is read before it is written, by the same thread).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kBackwardMaxThreads)
+    residual_layernorm_backward_kernel(float *dres_out, T *__restrict__ dbranch,
+                                       float *__restrict__ partial, const float *dres_in,
+                                       const T *__restrict__ dln, const T *__restrict__ x,
+                                       const float *__restrict__ weight,
+                                       const float *__restrict__ mean,
+                                       const float *__restrict__ rstd, RowMap bmap,
+                                       const float *__restrict__ scale, RowMap lmap, int64_t N,
+                                       int64_t L, int C, int64_t rows_per_block) {
+  extern __shared__ float4 shared_f4[];  // float4: 16-byte alignment
+  float *acc_all = reinterpret_cast<float *>(shared_f4);
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float *acc_dw = acc_all + (size_t)warp * 2 * C, *acc_db = acc_dw + C;
+  if (dln) zero_accumulators(acc_dw, C);
+
+  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
+  for (int64_t t = row_begin + warp; t < row_end; t += warps) {
+    float mean_g = 0.0f, mean_gx = 0.0f, m = 0.0f, r = 0.0f;
+    const T *xr = x ? x + t * C : nullptr;
+    const T *dy = dln ? dln + mapped_row(lmap, t, L) * C : nullptr;
+    if (dln) {
+      m = mean[t];
+      r = rstd[t];
+      float sum_g = 0.0f, sum_gx = 0.0f;
+      for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+        float xv[VEC], dyv[VEC];
+        load_vec<T, VEC>(xv, xr + c);
+        load_vec<T, VEC>(dyv, dy + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          float xhat = (xv[k] - m) * r;
+          float g = dyv[k] * weight[c + k];
+          sum_g += g;
+          sum_gx += g * xhat;
+          acc_dw[c + k] += dyv[k] * xhat;
+          acc_db[c + k] += dyv[k];
+        }
+      }
+      mean_g = warp_sum(sum_g) / C;
+      mean_gx = warp_sum(sum_gx) / C;
+    }
+    const float s = scale ? scale[t / L] : 1.0f;
+    T *db = dbranch ? dbranch + mapped_row(bmap, t, L) * C : nullptr;
+    for (int c = lane * VEC; c < C; c += kWarp * VEC) {
+      float gv[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; k++) gv[k] = dres_in ? dres_in[t * C + c + k] : 0.0f;
+      if (dln) {
+        float xv[VEC], dyv[VEC];
+        load_vec<T, VEC>(xv, xr + c);
+        load_vec<T, VEC>(dyv, dy + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+          float xhat = (xv[k] - m) * r;
+          gv[k] += r * (dyv[k] * weight[c + k] - mean_g - xhat * mean_gx);
+        }
+      }
+      if (dres_out) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) dres_out[t * C + c + k] = gv[k];
+      }
+      if (db) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) gv[k] *= s;
+        store_vec<T, VEC>(db + c, gv);
+      }
+    }
+  }
+  if (dln) store_block_partial(partial, acc_all, C);
+}
+
+// ---- patch merging + LayerNorm ----------------------------------------------------------------
+// Merged row u = (b, y, x) of (B, H/2, W/2, 4C): segment k (C values) is token (2y + dy, 2x + dx)
+// with (dy, dx) = (k & 1, k >> 1), timm's order (kernels/patch.h).
+__device__ __forceinline__ int64_t merge_source_row(int64_t u, int k, int H, int W) {
+  int H2 = H / 2, W2 = W / 2;
+  int64_t b = u / ((int64_t)H2 * W2), yx = u - b * H2 * W2;
+  int y = 2 * (int)(yx / W2) + (k & 1), x = 2 * (int)(yx % W2) + (k >> 1);
+  return (b * H + y) * W + x;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kForwardThreads)
+    merge_layernorm_forward_kernel(T *__restrict__ out, float *__restrict__ mean,
+                                   float *__restrict__ rstd, const T *__restrict__ tokens,
+                                   const float *__restrict__ weight, const float *__restrict__ bias,
+                                   int64_t N, int H, int W, int C) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t u = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (u >= N) return;
+  const T *seg[4];
+  for (int k = 0; k < 4; k++) seg[k] = tokens + merge_source_row(u, k, H, W) * C;
+  const int C4 = 4 * C;
+  // Element e of the merged row is seg[e / C][e % C]; a vector never crosses a segment
+  // (VEC divides C).
+  float sum = 0.0f;
+  for (int e = lane * VEC; e < C4; e += kWarp * VEC) {
+    float xv[VEC];
+    load_vec<T, VEC>(xv, seg[e / C] + e % C);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) sum += xv[k];
+  }
+  const float m = warp_sum(sum) / C4;
+  float sq = 0.0f;
+  for (int e = lane * VEC; e < C4; e += kWarp * VEC) {
+    float xv[VEC];
+    load_vec<T, VEC>(xv, seg[e / C] + e % C);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+      float d = xv[k] - m;
+      sq += d * d;
+    }
+  }
+  const float r = 1.0f / sqrtf(warp_sum(sq) / C4 + LAYERNORM_EPS);
+  T *y = out + u * C4;
+  for (int e = lane * VEC; e < C4; e += kWarp * VEC) {
+    float xv[VEC], yv[VEC];
+    load_vec<T, VEC>(xv, seg[e / C] + e % C);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) yv[k] = (xv[k] - m) * r * weight[e + k] + bias[e + k];
+    store_vec<T, VEC>(y + e, yv);
+  }
+  if (lane == 0) {
+    mean[u] = m;
+    rstd[u] = r;
+  }
+}
+
+// dtokens (f32) of the four tokens of merged row u from the LayerNorm backward of dout[u]; every
+// token belongs to exactly one merged row (H, W even), so dtokens is overwritten in full.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kBackwardMaxThreads)
+    merge_layernorm_backward_kernel(float *__restrict__ dtokens, float *__restrict__ partial,
+                                    const T *__restrict__ dout, const T *__restrict__ tokens,
+                                    const float *__restrict__ weight,
+                                    const float *__restrict__ mean, const float *__restrict__ rstd,
+                                    int64_t N, int H, int W, int C, int64_t rows_per_block) {
+  extern __shared__ float4 shared_f4[];
+  float *acc_all = reinterpret_cast<float *>(shared_f4);
+  const int C4 = 4 * C;
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float *acc_dw = acc_all + (size_t)warp * 2 * C4, *acc_db = acc_dw + C4;
+  zero_accumulators(acc_dw, C4);
+
+  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
+  for (int64_t u = row_begin + warp; u < row_end; u += warps) {
+    int64_t rows[4];
+    for (int k = 0; k < 4; k++) rows[k] = merge_source_row(u, k, H, W);
+    const T *dy = dout + u * C4;
+    const float m = mean[u], r = rstd[u];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int e = lane * VEC; e < C4; e += kWarp * VEC) {
+      float xv[VEC], dyv[VEC];
+      load_vec<T, VEC>(xv, tokens + rows[e / C] * C + e % C);
+      load_vec<T, VEC>(dyv, dy + e);
+#pragma unroll
+      for (int k = 0; k < VEC; k++) {
+        float xhat = (xv[k] - m) * r;
+        float g = dyv[k] * weight[e + k];
+        sum_g += g;
+        sum_gx += g * xhat;
+        acc_dw[e + k] += dyv[k] * xhat;
+        acc_db[e + k] += dyv[k];
+      }
+    }
+    const float mean_g = warp_sum(sum_g) / C4, mean_gx = warp_sum(sum_gx) / C4;
+    for (int e = lane * VEC; e < C4; e += kWarp * VEC) {
+      float xv[VEC], dyv[VEC];
+      load_vec<T, VEC>(xv, tokens + rows[e / C] * C + e % C);
+      load_vec<T, VEC>(dyv, dy + e);
+      float *dx = dtokens + rows[e / C] * C + e % C;
+#pragma unroll
+      for (int k = 0; k < VEC; k++) {
+        float xhat = (xv[k] - m) * r;
+        dx[k] = r * (dyv[k] * weight[e + k] - mean_g - xhat * mean_gx);
+      }
+    }
+  }
+  store_block_partial(partial, acc_all, C4);
+}
+
+// 16-byte vectors when every row start is 16-byte aligned (width a multiple of the vector and
+// aligned bases), else one element at a time.
+template <typename T>
+bool can_vectorize(int width, std::initializer_list<const void *> ptrs) {
+  if (width % kVec16<T> != 0) return false;
+  for (const void *p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+void check_even(const char *fn, int H, int W) {
+  if (H % 2 == 0 && W % 2 == 0) return;
+  fprintf(stderr, "%s: patch merging needs an even map, got %dx%d\n", fn, H, W);
+  abort();
+}
+
 }  // namespace
 
-void layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *inp,
-                            const float *weight, const float *bias, int64_t N, int C,
-                            cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return;
-  const int threads = kForwardThreads;
+void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float *mean, float *rstd,
+                                     const void *x_in, const void *branch,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const float *weight, const float *bias,
+                                     const WindowMap *ln_map, int B, int64_t L, int C,
+                                     cudaStream_t stream) {
+  int64_t N = (int64_t)B * L;
+  if (N <= 0 || C <= 0 || (!branch && !ln_out)) return;
+  if (branch && !x_out) {
+    fprintf(stderr, "residual_layernorm_forward_cuda: a branch needs x_out\n");
+    abort();
+  }
   const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
-  if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias)) {
-    layernorm_forward_kernel<4>
-        <<<blocks, threads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-  } else {
-    layernorm_forward_kernel<1>
-        <<<blocks, threads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-  }
+  SWIN_DISPATCH(dt, T, {
+    const T *xi = static_cast<const T *>(x_in), *br = static_cast<const T *>(branch);
+    T *xo = static_cast<T *>(x_out), *lo = static_cast<T *>(ln_out);
+    if (can_vectorize<T>(C, {x_in, x_out, branch, ln_out})) {
+      residual_layernorm_forward_kernel<T, kVec16<T>>
+          <<<blocks, kForwardThreads, 0, stream>>>(xo, lo, mean, rstd, xi, br, row_map(branch_map),
+                                                   scale, weight, bias, row_map(ln_map), N, L, C);
+    } else {
+      residual_layernorm_forward_kernel<T, 1>
+          <<<blocks, kForwardThreads, 0, stream>>>(xo, lo, mean, rstd, xi, br, row_map(branch_map),
+                                                   scale, weight, bias, row_map(ln_map), N, L, C);
+    }
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-int64_t layernorm_backward_cuda_scratch(int64_t N, int C) {
-  if (N <= 0 || C <= 0) return 0;
-  return backward_plan(N, C).blocks * 2 * (int64_t)C;
+int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C) {
+  if (rows <= 0 || C <= 0) return 0;
+  return backward_plan(rows, C).blocks * 2 * (int64_t)C;
 }
 
-template <int VEC>
-static void layernorm_backward_launch(const BackwardPlan &p, float *dinp, float *scratch,
-                                      const float *dout, const float *inp, const float *weight,
-                                      const float *mean, const float *rstd, int64_t N, int C,
-                                      cudaStream_t stream) {
-  // Past 48 KiB (C > 6144: one warp's accumulators alone) the block must opt in to more.
-  if (p.shared_bytes > (size_t)kDefaultSharedBytes) {
-    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<VEC>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)p.shared_bytes));
-  }
-  layernorm_backward_kernel<VEC><<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
-      dinp, scratch, dout, inp, weight, mean, rstd, N, C, p.rows_per_block);
-  CUDA_CHECK_LAUNCH();
-}
-
-void layernorm_backward_cuda(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int64_t N, int C, float *scratch,
-                             cudaStream_t stream) {
+void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dweight,
+                                      float *dbias, const float *dres_in, const void *dln,
+                                      const void *x, const float *weight, const float *mean,
+                                      const float *rstd, const WindowMap *branch_map,
+                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
+                                      int C, float *scratch, cudaStream_t stream) {
+  int64_t N = (int64_t)B * L;
   if (N <= 0 || C <= 0) return;
   const BackwardPlan p = backward_plan(N, C);
-  if (C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight)) {
-    layernorm_backward_launch<4>(p, dinp, scratch, dout, inp, weight, mean, rstd, N, C, stream);
-  } else {
-    layernorm_backward_launch<1>(p, dinp, scratch, dout, inp, weight, mean, rstd, N, C, stream);
-  }
-  const unsigned reduce_blocks = (unsigned)((2 * (int64_t)C + kWarp - 1) / kWarp);
-  layernorm_param_grad_reduce_kernel<<<reduce_blocks, dim3(kWarp, kReduceRows), 0, stream>>>(
-      dweight, dbias, scratch, p.blocks, C);
+  const size_t shared = dln ? p.shared_bytes : 0;
+  SWIN_DISPATCH(dt, T, {
+    T *dbr = static_cast<T *>(dbranch);
+    const T *dy = static_cast<const T *>(dln), *xr = static_cast<const T *>(x);
+    if (can_vectorize<T>(C, {dbranch, dln, x}) && C % 4 == 0) {
+      auto kernel = residual_layernorm_backward_kernel<T, kVec16<T>>;
+      allow_shared(kernel, shared);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, row_map(branch_map), scale,
+          row_map(ln_map), N, L, C, p.rows_per_block);
+    } else {
+      auto kernel = residual_layernorm_backward_kernel<T, 1>;
+      allow_shared(kernel, shared);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, row_map(branch_map), scale,
+          row_map(ln_map), N, L, C, p.rows_per_block);
+    }
+  });
   CUDA_CHECK_LAUNCH();
+  if (dln) launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, C, stream);
+}
+
+void merge_layernorm_forward_cuda(DType dt, void *out, float *mean, float *rstd, const void *tokens,
+                                  const float *weight, const float *bias, int B, int H, int W,
+                                  int C, cudaStream_t stream) {
+  check_even("merge_layernorm_forward_cuda", H, W);
+  int64_t N = (int64_t)B * (H / 2) * (W / 2);
+  if (N <= 0 || C <= 0) return;
+  const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
+  SWIN_DISPATCH(dt, T, {
+    T *o = static_cast<T *>(out);
+    const T *tok = static_cast<const T *>(tokens);
+    if (can_vectorize<T>(C, {out, tokens})) {
+      merge_layernorm_forward_kernel<T, kVec16<T>>
+          <<<blocks, kForwardThreads, 0, stream>>>(o, mean, rstd, tok, weight, bias, N, H, W, C);
+    } else {
+      merge_layernorm_forward_kernel<T, 1>
+          <<<blocks, kForwardThreads, 0, stream>>>(o, mean, rstd, tok, weight, bias, N, H, W, C);
+    }
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+int64_t merge_layernorm_backward_cuda_scratch(int B, int H, int W, int C) {
+  return residual_layernorm_backward_cuda_scratch((int64_t)B * (H / 2) * (W / 2), 4 * C);
+}
+
+void merge_layernorm_backward_cuda(DType dt, float *dtokens, float *dweight, float *dbias,
+                                   const void *dout, const void *tokens, const float *weight,
+                                   const float *mean, const float *rstd, int B, int H, int W, int C,
+                                   float *scratch, cudaStream_t stream) {
+  check_even("merge_layernorm_backward_cuda", H, W);
+  int64_t N = (int64_t)B * (H / 2) * (W / 2);
+  if (N <= 0 || C <= 0) return;
+  const BackwardPlan p = backward_plan(N, 4 * C);
+  SWIN_DISPATCH(dt, T, {
+    const T *dy = static_cast<const T *>(dout), *tok = static_cast<const T *>(tokens);
+    if (can_vectorize<T>(C, {dout, tokens}) && C % 4 == 0) {
+      auto kernel = merge_layernorm_backward_kernel<T, kVec16<T>>;
+      allow_shared(kernel, p.shared_bytes);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
+          dtokens, scratch, dy, tok, weight, mean, rstd, N, H, W, C, p.rows_per_block);
+    } else {
+      auto kernel = merge_layernorm_backward_kernel<T, 1>;
+      allow_shared(kernel, p.shared_bytes);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
+          dtokens, scratch, dy, tok, weight, mean, rstd, N, H, W, C, p.rows_per_block);
+    }
+  });
+  CUDA_CHECK_LAUNCH();
+  launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, 4 * C, stream);
 }

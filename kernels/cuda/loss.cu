@@ -46,7 +46,8 @@ __device__ float block_max(float v, float *scratch) {
 __global__ void cross_entropy_kernel(float *__restrict__ losses, float *__restrict__ dlogits,
                                      const float *__restrict__ logits,
                                      const int *__restrict__ labels, const float *__restrict__ soft,
-                                     float smoothing, int B, int K) {
+                                     float smoothing, const float *__restrict__ grad_scale, int B,
+                                     int K) {
   __shared__ float scratch_f[32];
   __shared__ double scratch_d[32];
   int b = blockIdx.x;
@@ -73,13 +74,14 @@ __global__ void cross_entropy_kernel(float *__restrict__ losses, float *__restri
 
   // t = (1 - s) onehot(y) + s / K for hard labels, the given row for soft targets.
   double off_target = (double)smoothing / K;
+  const double scale = grad_scale ? (double)*grad_scale : 1.0;
   const float *t_row = soft ? soft + (int64_t)b * K : nullptr;
   double loss = 0.0;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     double logp = (double)x[k] - lse;
     double target = t_row ? (double)t_row[k] : off_target + (k == y ? 1.0 - smoothing : 0.0);
     loss -= target * logp;
-    if (g) g[k] = (float)((exp(logp) - target) / B);
+    if (g) g[k] = (float)((exp(logp) - target) / B * scale);
   }
   loss = block_sum(loss, scratch_d);
   if (threadIdx.x == 0) losses[b] = (float)loss;
@@ -88,7 +90,7 @@ __global__ void cross_entropy_kernel(float *__restrict__ losses, float *__restri
 // One warp per row: the label's rank is the number of classes ahead of it (a larger logit, or
 // an equal one at a smaller index), as on the CPU. No barriers, so whole warps may leave early.
 __global__ void topk_kernel(const float *__restrict__ logits, const int *__restrict__ labels, int B,
-                            int K, int *top1, int *top5) {
+                            int K, unsigned long long *top1, unsigned long long *top5) {
   int64_t row = (int64_t)blockIdx.x * kTopkWarps + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (row >= B) return;
@@ -104,8 +106,24 @@ __global__ void topk_kernel(const float *__restrict__ logits, const int *__restr
   }
   rank = warp_sum(rank);
   if (lane == 0) {
-    if (rank < 1) atomicAdd(top1, 1);
-    if (rank < 5) atomicAdd(top5, 1);
+    if (rank < 1) atomicAdd(top1, 1ull);
+    if (rank < 5) atomicAdd(top5, 1ull);
+  }
+}
+
+// One thread adds the B row losses in row order (double), so the sum is the same every run.
+__global__ void losses_accumulate_kernel(double *sum, int64_t *count, int64_t *bad,
+                                         const float *__restrict__ losses, int B, bool mean) {
+  double total = 0.0;
+  for (int b = 0; b < B; b++) total += losses[b];
+  if (!mean) {
+    *sum += total;
+    *count += B;
+  } else if (isfinite(total)) {
+    *sum += total / B;
+    *count += 1;
+  } else if (bad) {
+    *bad += 1;
   }
 }
 
@@ -113,19 +131,27 @@ __global__ void topk_kernel(const float *__restrict__ logits, const int *__restr
 
 void cross_entropy_forward_backward_cuda(float *losses, float *dlogits, const float *logits,
                                          const int *labels, const float *soft_targets,
-                                         float smoothing, int B, int K, cudaStream_t stream) {
+                                         float smoothing, const float *grad_scale, int B, int K,
+                                         cudaStream_t stream) {
   if (B <= 0 || K <= 0) return;
   cross_entropy_kernel<<<B, kLossThreads, 0, stream>>>(losses, dlogits, logits, labels,
-                                                       soft_targets, smoothing, B, K);
+                                                       soft_targets, smoothing, grad_scale, B, K);
   CUDA_CHECK_LAUNCH();
 }
 
-void topk_correct_cuda(const float *logits, const int *labels, int B, int K, int *top1, int *top5,
-                       cudaStream_t stream) {
-  CUDA_CHECK(cudaMemsetAsync(top1, 0, sizeof(int), stream));
-  CUDA_CHECK(cudaMemsetAsync(top5, 0, sizeof(int), stream));
+void losses_accumulate_cuda(double *sum, int64_t *count, int64_t *bad, const float *losses, int B,
+                            bool mean, cudaStream_t stream) {
+  if (B <= 0) return;
+  losses_accumulate_kernel<<<1, 1, 0, stream>>>(sum, count, bad, losses, B, mean);
+  CUDA_CHECK_LAUNCH();
+}
+
+void topk_accumulate_cuda(const float *logits, const int *labels, int B, int K, int64_t *top1,
+                          int64_t *top5, cudaStream_t stream) {
   if (B <= 0 || K <= 0) return;
   unsigned blocks = (unsigned)(((int64_t)B + kTopkWarps - 1) / kTopkWarps);
-  topk_kernel<<<blocks, kTopkWarps * 32, 0, stream>>>(logits, labels, B, K, top1, top5);
+  topk_kernel<<<blocks, kTopkWarps * 32, 0, stream>>>(logits, labels, B, K,
+                                                      reinterpret_cast<unsigned long long *>(top1),
+                                                      reinterpret_cast<unsigned long long *>(top5));
   CUDA_CHECK_LAUNCH();
 }

@@ -1,0 +1,194 @@
+// backend.h: the ops the model, the loss and the optimizer are written against, and the table of
+// function pointers each backend fills (the way ggml dispatches per backend): the CPU reference
+// kernels of kernels/cpu/ (src/backend_cpu.c) or the CUDA kernels of kernels/cuda/
+// (src/backend_cuda.cu). The model's forward and backward exist once (src/model.c) and run on
+// either.
+//
+// Ops sit at the granularity the GPU fuses (residual + LayerNorm with the window partition or
+// reverse folded into its loads and stores, patch merging + LayerNorm, linear + GELU, mean pool +
+// head, the whole optimizer update); the CPU backend composes them from the reference pieces.
+//
+// Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
+// CUDA) from ops->alloc, planned before the first step. Tensors marked `act` are in the compute
+// type be->act (f32, bf16 or f16; the CPU supports f32 only); the rest are f32 unless said.
+// Ops are queued in order on the backend's compute queue (a CUDA stream) and never wait for the
+// host; only download and synchronize wait.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/window.h"
+#include "optim/optimizer.h"
+#include "src/tensor.h"
+#include "src/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct Backend Backend;
+
+typedef enum { ACTIVATION_NONE, ACTIVATION_GELU } Activation;
+
+// Input normalization of uint8 pixels: (pixel / 255 - mean[c]) / std[c], c < 4.
+typedef struct {
+  float mean[4], std[4];
+} Normalize;
+
+// Evaluation sums over batches (backend memory, read once at the end).
+typedef struct {
+  double loss_sum;  // cross-entropy without smoothing, summed over images
+  int64_t top1, top5, count;
+} EvalSums;
+
+// Scratch sizes a backend needs, given by the model once it knows its shapes.
+typedef struct {
+  int64_t max_elements;  // largest (rows x width) operand of a LayerNorm or merge op
+  int64_t max_rows;      // largest row count of any op
+  int max_width;         // largest row width (channels) of any op
+  int max_batch;
+  int64_t num_params;  // the flat parameter buffer's length
+} BackendNeeds;
+
+typedef struct {
+  const char *name;  // "cpu", "cuda"
+
+  // ---- memory ----
+  // Backend memory, zero-filled; the process aborts with the size if it cannot be had (memory
+  // is planned up front, so this happens only at startup).
+  void *(*alloc)(Backend *be, size_t bytes);
+  void (*release)(Backend *be, void *ptr);
+  // Host memory the backend copies from fastest (page-locked on CUDA); for the loader's ring.
+  void *(*host_alloc)(size_t bytes);
+  void (*host_release)(void *ptr);
+  void (*upload)(Backend *be, void *dst, const void *src, size_t bytes);    // synchronous
+  void (*download)(Backend *be, void *dst, const void *src, size_t bytes);  // waits for the queue
+  void (*zero)(Backend *be, void *ptr, size_t bytes);                       // queued
+  void (*synchronize)(Backend *be);
+  // Sizes the backend's private scratch for the model (called once, before the first op).
+  void (*reserve)(Backend *be, const BackendNeeds *needs);
+
+  // ---- batch staging: two slots, so batch k+1 uploads while step k computes ----
+  // Queue copies of host buffers (from host_alloc) into slot `slot`'s backend buffers, after the
+  // step that last used the slot has released it.
+  void (*stage_upload)(Backend *be, int slot, int count, void *const *dst, const void *const *src,
+                       const size_t *bytes);
+  void (*stage_consume)(Backend *be, int slot);  // the compute queue waits for slot's uploads
+  void (*stage_release)(Backend *be, int slot);  // the slot's buffers may be overwritten after
+                                                 // the work queued so far
+  void (*stage_wait)(Backend *be, int slot);     // host waits until slot's uploads have run
+
+  // ---- model ops (shapes as in kernels/*.h) ----
+  // dst (n, act) = src (n, f32) in the compute type (a plain copy in f32).
+  void (*to_compute)(Backend *be, void *dst, const float *src, int64_t n);
+  // patches (B, H/p, W/p, Cin*p*p, act) from input (B, H, W, Cin): uint8 pixels normalized with
+  // norm (input_dtype U8), or already normalized floats (F32).
+  void (*patch_embed_input)(Backend *be, void *patches, const void *input, DType input_dtype,
+                            Normalize norm, int B, int H, int W, int Cin, int p);
+  // Drop-path scales (units, B): unit u uses rate rates[u / 2]; 0 for a dropped sample, 1/keep
+  // for a kept one, drawn from (seed, step, unit, sample) exactly as the CPU draws them.
+  void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
+                           uint64_t seed, int64_t step);
+  // out (N, OC, act) = act(inp (N, IC, act) weight^T (OC, IC, act) + bias (OC, act) or none);
+  // with GELU the pre-activation goes to pre (N, OC, act).
+  void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
+                         const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
+  // dinp (N, IC, act) = dout weight, times GELU'(gelu_pre) when gelu_pre is given (the backward
+  // of the GELU that produced this linear's input); dinp NULL skips. dweight (OC, IC, f32) and
+  // dbias (OC, f32, or NULL) accumulated.
+  void (*linear_backward)(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int64_t N, int IC, int OC,
+                          const void *gelu_pre);
+  // kernels/layernorm.h's residual_layernorm_{forward,backward}: x_out, ln_out, x_in, branch,
+  // dbranch, dln, x act; dres_in, dres_out f32.
+  void (*residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,
+                                     float *rstd, const void *x_in, const void *branch,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const float *weight, const float *bias,
+                                     const WindowMap *ln_map, int B, int64_t L, int C);
+  void (*residual_layernorm_backward)(Backend *be, float *dres_out, void *dbranch, float *dweight,
+                                      float *dbias, const float *dres_in, const void *dln,
+                                      const void *x, const float *weight, const float *mean,
+                                      const float *rstd, const WindowMap *branch_map,
+                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
+                                      int C);
+  // kernels/patch.h's merge_layernorm: out, tokens, dout act; dtokens f32 (overwritten).
+  void (*merge_layernorm_forward)(Backend *be, void *out, float *mean, float *rstd,
+                                  const void *tokens, const float *weight, const float *bias, int B,
+                                  int H, int W, int C);
+  void (*merge_layernorm_backward)(Backend *be, float *dtokens, float *dweight, float *dbias,
+                                   const void *dout, const void *tokens, const float *weight,
+                                   const float *mean, const float *rstd, int B, int H, int W,
+                                   int C);
+  // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
+  // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
+  // may overwrite it.
+  int64_t (*attention_saved_floats)(int BW, int heads, int N);
+  void (*attention_forward)(Backend *be, void *out, float *saved, const void *qkv,
+                            const float *table, const int *index, const float *mask, int BW, int nW,
+                            int N, int C, int heads);
+  void (*attention_backward)(Backend *be, void *dqkv, float *dtable, const void *dout,
+                             const void *qkv, const float *table, const int *index,
+                             const float *mask, float *saved, int BW, int nW, int N, int C,
+                             int heads);
+  // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =
+  // pooled weight^T + bias, in f32 with the f32 weights. The backward writes dtokens (B, L, C,
+  // act) and accumulates dweight, dbias.
+  void (*head_forward)(Backend *be, float *logits, float *pooled, const void *tokens,
+                       const float *weight, const float *bias, int B, int L, int C, int K);
+  void (*head_backward)(Backend *be, void *dtokens, float *dweight, float *dbias,
+                        const float *dlogits, const float *pooled, const float *weight, int B,
+                        int L, int C, int K);
+
+  // ---- loss and metrics ----
+  // Label-smoothed cross-entropy of logits (B, K) against labels (B): dlogits = (softmax -
+  // target) / B * state->loss_scale; the mean loss is added to state->loss_sum when finite,
+  // else counted in state->bad_losses.
+  void (*train_loss)(Backend *be, float *dlogits, const float *logits, const int *labels,
+                     float smoothing, int B, int K, OptimState *state);
+  // Adds the batch's unsmoothed loss sum, top-1/top-5 hits and count to sums.
+  void (*eval_metrics)(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
+                       int K);
+
+  // ---- optimizer ----
+  // One update: the global norm of grads (n) scaled back by the loss scale; if it is not finite
+  // the step is skipped (parameters and moments untouched, counted in state, and with
+  // dynamic_scale the scale halves); else clipped AdamW over the chunks (AdamW's bias
+  // corrections from state->adam_steps + 1), the compute copy refreshed (compute NULL when the
+  // compute type is f32), and with dynamic_scale the scale doubles after scale_window clean
+  // steps. chunks: backend memory (adamw.h).
+  void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
+                         float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
+                         OptimizerStep hyper, OptimState *state);
+} BackendOps;
+
+struct Backend {
+  const BackendOps *ops;
+  Device device;
+  DType act;            // compute type of activations and of the weights the GEMMs read
+  size_t bytes_in_use;  // backend memory handed out by ops->alloc
+  void *impl;           // the backend's private state
+};
+
+// device: "cpu", "cuda" or "auto" (cuda when a GPU is usable, else cpu); precision: "fp32",
+// "bf16" or "fp16". Errors say why a device cannot be used and what to set instead.
+int backend_create(Backend *be, const char *device, const char *precision, Error *err);
+void backend_destroy(Backend *be);
+// True when this build has the CUDA backend and a CUDA device is usable.
+bool backend_cuda_usable(void);
+// "cpu" or "cuda (NVIDIA H200, 139.8 GiB)" and the precision, for the start-up banner.
+void backend_describe(const Backend *be, char *buf, size_t size);
+
+// The CPU table and the CUDA one (src/backend_cpu.c, src/backend_cuda.cu).
+int backend_cpu_init(Backend *be, DType act, Error *err);
+void backend_cpu_destroy(Backend *be);
+#ifdef SWIN_HAVE_CUDA
+int backend_cuda_init(Backend *be, DType act, Error *err);
+void backend_cuda_destroy(Backend *be);
+bool backend_cuda_device_usable(char *name, size_t size, double *gib);
+#endif
+
+#ifdef __cplusplus
+}
+#endif

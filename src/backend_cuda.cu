@@ -1,0 +1,399 @@
+// backend_cuda.cu: the CUDA backend (src/backend.h): backend memory is device memory from
+// cudaMalloc, taken before the first step (the model plans it; nothing is allocated inside a
+// step); every op is queued on one compute stream; batch uploads run on a copy stream, ordered
+// against the compute stream by events; the host waits only in download and synchronize.
+// Each op is a thin adapter onto the kernels of kernels/cuda/ and optim/*.cu.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/gelu.h"
+#include "kernels/gemm.h"
+#include "kernels/layernorm.h"
+#include "kernels/loss.h"
+#include "kernels/patch.h"
+#include "kernels/residual.h"
+#include "optim/optimizer.h"
+#include "src/backend.h"
+#include "src/cuda_util.h"
+
+namespace {
+
+constexpr int kSlots = 4;  // batch staging slots (the trainer uses 0/1 for training, 2/3 for eval)
+
+struct CudaState {
+  int device;
+  cudaStream_t compute, copy;
+  cudaEvent_t uploaded[kSlots], released[kSlots];
+  GemmContext *gemm;
+  float *scratch;  // the ops' scratch (sized by reserve)
+  int64_t scratch_floats;
+  float *row_losses;  // (max_batch)
+};
+
+CudaState *state_of(Backend *be) {
+  return static_cast<CudaState *>(be->impl);
+}
+
+float *scratch_of(Backend *be, int64_t n) {
+  CudaState *st = state_of(be);
+  if (n > st->scratch_floats) {
+    fprintf(stderr, "internal error: CUDA backend scratch of %lld floats, %lld needed\n",
+            (long long)st->scratch_floats, (long long)n);
+    abort();
+  }
+  return st->scratch;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+void *cuda_alloc(Backend *be, size_t bytes) {
+  void *p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+  if (e != cudaSuccess) {
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    fprintf(stderr,
+            "error: cannot allocate %.1f MiB of GPU memory (%s); %.1f MiB in use by swin.c, "
+            "%.1f of %.1f MiB free on the device\n"
+            "HINT: lower train.batch_size (activations grow with it) or use precision=bf16\n",
+            bytes / 1048576.0, cudaGetErrorString(e), be->bytes_in_use / 1048576.0,
+            free_bytes / 1048576.0, total / 1048576.0);
+    exit(1);
+  }
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, state_of(be)->compute));
+  CUDA_CHECK(cudaStreamSynchronize(state_of(be)->compute));
+  be->bytes_in_use += bytes;
+  return p;
+}
+
+void cuda_release(Backend *be, void *ptr) {
+  (void)be;
+  if (ptr) CUDA_CHECK(cudaFree(ptr));
+}
+
+void *cuda_host_alloc(size_t bytes) {
+  void *p = nullptr;
+  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) return nullptr;
+  return p;
+}
+
+void cuda_host_release(void *ptr) {
+  if (ptr) CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void cuda_upload(Backend *be, void *dst, const void *src, size_t bytes) {
+  CudaState *st = state_of(be);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->compute));
+  CUDA_CHECK(cudaStreamSynchronize(st->compute));
+}
+
+void cuda_download(Backend *be, void *dst, const void *src, size_t bytes) {
+  CudaState *st = state_of(be);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->compute));
+  CUDA_CHECK(cudaStreamSynchronize(st->compute));
+}
+
+void cuda_zero(Backend *be, void *ptr, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, state_of(be)->compute));
+}
+
+void cuda_synchronize(Backend *be) {
+  CUDA_CHECK(cudaStreamSynchronize(state_of(be)->compute));
+}
+
+void cuda_reserve(Backend *be, const BackendNeeds *n) {
+  CudaState *st = state_of(be);
+  // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 2C
+  // partials (kernels/cuda/layernorm.cu); a bias gradient at most max(32768, OC) partials
+  // (kernels/cuda/gemm.cu), plus, for the head, d(pooled); the optimizer its own.
+  int64_t need = 2048 * (int64_t)n->max_width;
+  int64_t k = 64 + 32768 + n->max_width + (int64_t)n->max_batch * n->max_width;
+  if (k > need) need = k;
+  k = optimizer_step_cuda_scratch(n->num_params);
+  if (k > need) need = k;
+  if (need <= st->scratch_floats) return;
+  if (st->scratch) {
+    cuda_release(be, st->scratch);
+    cuda_release(be, st->row_losses);
+  }
+  st->scratch = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)need));
+  st->scratch_floats = need;
+  st->row_losses = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)n->max_batch));
+}
+
+// ---- batch staging --------------------------------------------------------------------------
+
+void cuda_stage_upload(Backend *be, int slot, int count, void *const *dst, const void *const *src,
+                       const size_t *bytes) {
+  CudaState *st = state_of(be);
+  // Not before the step that last read this slot is done with it (an event never recorded
+  // completes at once).
+  CUDA_CHECK(cudaStreamWaitEvent(st->copy, st->released[slot], 0));
+  for (int i = 0; i < count; i++)
+    CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyHostToDevice, st->copy));
+  CUDA_CHECK(cudaEventRecord(st->uploaded[slot], st->copy));
+}
+
+void cuda_stage_consume(Backend *be, int slot) {
+  CudaState *st = state_of(be);
+  CUDA_CHECK(cudaStreamWaitEvent(st->compute, st->uploaded[slot], 0));
+}
+
+void cuda_stage_release(Backend *be, int slot) {
+  CudaState *st = state_of(be);
+  CUDA_CHECK(cudaEventRecord(st->released[slot], st->compute));
+}
+
+void cuda_stage_wait(Backend *be, int slot) {
+  CUDA_CHECK(cudaEventSynchronize(state_of(be)->uploaded[slot]));
+}
+
+// ---- model ops --------------------------------------------------------------------------------
+
+void cuda_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
+  if (be->act == DTYPE_F32) {
+    if (dst != src)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice,
+                                 state_of(be)->compute));
+    return;
+  }
+  to_compute_cuda(be->act, dst, src, n, state_of(be)->compute);
+}
+
+void cuda_patch_embed_input(Backend *be, void *patches, const void *input, DType input_dtype,
+                            Normalize norm, int B, int H, int W, int Cin, int p) {
+  patch_embed_input_cuda(be->act, patches, input, input_dtype, norm.mean, norm.std, B, H, W, Cin, p,
+                         state_of(be)->compute);
+}
+
+void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
+                           uint64_t seed, int64_t step) {
+  drop_path_scales_cuda(scales, rates, units, B, seed, step, state_of(be)->compute);
+}
+
+void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
+                         const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
+  CudaState *st = state_of(be);
+  if (act == ACTIVATION_GELU) {
+    linear_forward_cuda(st->gemm, be->act, pre, inp, weight, bias, N, IC, OC);
+    gelu_forward_cuda(be->act, out, pre, N * OC, st->compute);
+  } else {
+    linear_forward_cuda(st->gemm, be->act, out, inp, weight, bias, N, IC, OC);
+  }
+}
+
+void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int64_t N, int IC, int OC,
+                          const void *gelu_pre) {
+  CudaState *st = state_of(be);
+  float *scratch = dbias ? scratch_of(be, linear_backward_cuda_scratch(N, OC)) : nullptr;
+  linear_backward_cuda(st->gemm, be->act, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
+                       scratch);
+  if (dinp && gelu_pre) gelu_backward_cuda(be->act, dinp, gelu_pre, dinp, N * IC, st->compute);
+}
+
+void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
+                                     float *rstd, const void *x_in, const void *branch,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const float *weight, const float *bias,
+                                     const WindowMap *ln_map, int B, int64_t L, int C) {
+  residual_layernorm_forward_cuda(be->act, x_out, ln_out, mean, rstd, x_in, branch, branch_map,
+                                  scale, weight, bias, ln_map, B, L, C, state_of(be)->compute);
+}
+
+void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch, float *dweight,
+                                      float *dbias, const float *dres_in, const void *dln,
+                                      const void *x, const float *weight, const float *mean,
+                                      const float *rstd, const WindowMap *branch_map,
+                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
+                                      int C) {
+  float *scratch =
+      dln ? scratch_of(be, residual_layernorm_backward_cuda_scratch((int64_t)B * L, C)) : nullptr;
+  residual_layernorm_backward_cuda(be->act, dres_out, dbranch, dweight, dbias, dres_in, dln, x,
+                                   weight, mean, rstd, branch_map, scale, ln_map, B, L, C, scratch,
+                                   state_of(be)->compute);
+}
+
+void cuda_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
+                                  const void *tokens, const float *weight, const float *bias, int B,
+                                  int H, int W, int C) {
+  merge_layernorm_forward_cuda(be->act, out, mean, rstd, tokens, weight, bias, B, H, W, C,
+                               state_of(be)->compute);
+}
+
+void cuda_merge_layernorm_backward(Backend *be, float *dtokens, float *dweight, float *dbias,
+                                   const void *dout, const void *tokens, const float *weight,
+                                   const float *mean, const float *rstd, int B, int H, int W,
+                                   int C) {
+  float *scratch = scratch_of(be, merge_layernorm_backward_cuda_scratch(B, H, W, C));
+  merge_layernorm_backward_cuda(be->act, dtokens, dweight, dbias, dout, tokens, weight, mean, rstd,
+                                B, H, W, C, scratch, state_of(be)->compute);
+}
+
+// The CUDA backend keeps the softmax probabilities (BW, heads, N, N) in f32, and its backward
+// reuses them as its dS scratch.
+int64_t cuda_attention_saved_floats(int BW, int heads, int N) {
+  return (int64_t)BW * heads * N * N;
+}
+
+void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qkv,
+                            const float *table, const int *index, const float *mask, int BW, int nW,
+                            int N, int C, int heads) {
+  window_attention_forward_cuda(be->act, out, saved, qkv, table, index, mask, BW, nW, N, C, heads,
+                                state_of(be)->compute);
+}
+
+void cuda_attention_backward(Backend *be, void *dqkv, float *dtable, const void *dout,
+                             const void *qkv, const float *table, const int *index,
+                             const float *mask, float *saved, int BW, int nW, int N, int C,
+                             int heads) {
+  (void)table;
+  (void)mask;
+  (void)nW;
+  window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, index, BW, N, C, heads,
+                                 saved, state_of(be)->compute);
+}
+
+void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,
+                       const float *weight, const float *bias, int B, int L, int C, int K) {
+  CudaState *st = state_of(be);
+  mean_pool_forward_cuda(be->act, pooled, tokens, B, L, C, st->compute);
+  linear_forward_cuda(st->gemm, DTYPE_F32, logits, pooled, weight, bias, B, C, K);
+}
+
+void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias,
+                        const float *dlogits, const float *pooled, const float *weight, int B,
+                        int L, int C, int K) {
+  CudaState *st = state_of(be);
+  // d(pooled) lives past the dbias partials in scratch: both are needed by this op alone.
+  int64_t offset = (linear_backward_cuda_scratch(B, K) + 63) & ~(int64_t)63;
+  float *scratch = scratch_of(be, offset + (int64_t)B * C);
+  float *dpooled = scratch + offset;
+  linear_backward_cuda(st->gemm, DTYPE_F32, dpooled, dweight, dbias, dlogits, pooled, weight, B, C,
+                       K, scratch);
+  mean_pool_backward_cuda(be->act, dtokens, dpooled, B, L, C, st->compute);
+}
+
+// ---- loss, metrics, optimizer -----------------------------------------------------------------
+
+void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
+                     float smoothing, int B, int K, OptimState *state) {
+  CudaState *st = state_of(be);
+  cross_entropy_forward_backward_cuda(st->row_losses, dlogits, logits, labels, nullptr, smoothing,
+                                      &state->loss_scale, B, K, st->compute);
+  losses_accumulate_cuda(&state->loss_sum, &state->loss_steps, &state->bad_losses, st->row_losses,
+                         B, true, st->compute);
+}
+
+void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
+                       int K) {
+  CudaState *st = state_of(be);
+  cross_entropy_forward_backward_cuda(st->row_losses, nullptr, logits, labels, nullptr, 0.0f,
+                                      nullptr, B, K, st->compute);
+  losses_accumulate_cuda(&sums->loss_sum, &sums->count, nullptr, st->row_losses, B, false,
+                         st->compute);
+  topk_accumulate_cuda(logits, labels, B, K, &sums->top1, &sums->top5, st->compute);
+}
+
+void cuda_optimizer_step(Backend *be, float *params, void *compute, const float *grads, float *m,
+                         float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
+                         OptimizerStep hyper, OptimState *state) {
+  optimizer_step_cuda(be->act, params, compute, grads, m, v, n, chunks, num_chunks, hyper, state,
+                      scratch_of(be, optimizer_step_cuda_scratch(n)), state_of(be)->compute);
+}
+
+const BackendOps cuda_ops = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .host_alloc = cuda_host_alloc,
+    .host_release = cuda_host_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .zero = cuda_zero,
+    .synchronize = cuda_synchronize,
+    .reserve = cuda_reserve,
+    .stage_upload = cuda_stage_upload,
+    .stage_consume = cuda_stage_consume,
+    .stage_release = cuda_stage_release,
+    .stage_wait = cuda_stage_wait,
+    .to_compute = cuda_to_compute,
+    .patch_embed_input = cuda_patch_embed_input,
+    .drop_path_scales = cuda_drop_path_scales,
+    .linear_forward = cuda_linear_forward,
+    .linear_backward = cuda_linear_backward,
+    .residual_layernorm_forward = cuda_residual_layernorm_forward,
+    .residual_layernorm_backward = cuda_residual_layernorm_backward,
+    .merge_layernorm_forward = cuda_merge_layernorm_forward,
+    .merge_layernorm_backward = cuda_merge_layernorm_backward,
+    .attention_saved_floats = cuda_attention_saved_floats,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .head_forward = cuda_head_forward,
+    .head_backward = cuda_head_backward,
+    .train_loss = cuda_train_loss,
+    .eval_metrics = cuda_eval_metrics,
+    .optimizer_step = cuda_optimizer_step,
+};
+
+}  // namespace
+
+bool backend_cuda_device_usable(char *name, size_t size, double *gib) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    cudaGetLastError();  // clear the sticky error of a machine without a driver
+    return false;
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
+  if (name) snprintf(name, size, "%s", prop.name);
+  if (gib) *gib = (double)prop.totalGlobalMem / (1 << 30);
+  return true;
+}
+
+int backend_cuda_init(Backend *be, DType act, Error *err) {
+  *be = Backend{};
+  be->ops = &cuda_ops;
+  be->device = DEVICE_CUDA;
+  be->act = act;
+  CudaState *st = static_cast<CudaState *>(calloc(1, sizeof(CudaState)));
+  if (!st) return error_set(err, "out of host memory");
+  if (cudaGetDevice(&st->device) != cudaSuccess) {
+    free(st);
+    return error_set(err, "no CUDA device\nHINT: set device=cpu");
+  }
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st->compute, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st->copy, cudaStreamNonBlocking));
+  for (int i = 0; i < kSlots; i++) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&st->uploaded[i], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&st->released[i], cudaEventDisableTiming));
+  }
+  st->gemm = gemm_context_create(st->compute);
+  be->impl = st;
+  be->bytes_in_use = gemm_context_bytes();
+  return 0;
+}
+
+void backend_cuda_destroy(Backend *be) {
+  CudaState *st = state_of(be);
+  if (!st) return;
+  cudaStreamSynchronize(st->compute);
+  cudaStreamSynchronize(st->copy);
+  gemm_context_destroy(st->gemm);
+  cudaFree(st->scratch);
+  cudaFree(st->row_losses);
+  for (int i = 0; i < kSlots; i++) {
+    cudaEventDestroy(st->uploaded[i]);
+    cudaEventDestroy(st->released[i]);
+  }
+  cudaStreamDestroy(st->compute);
+  cudaStreamDestroy(st->copy);
+  free(st);
+  be->impl = nullptr;
+}
