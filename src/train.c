@@ -280,8 +280,10 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
   const Model *m = &t->model;
   size_t weights, grads, acts;
   model_memory(m, &weights, &grads, &acts);
-  size_t total = t->be.bytes_in_use;
-  size_t other = total - weights - grads - acts - moments - batches;
+  // On the CPU the master weights are the host copy, not an allocation of the backend's.
+  size_t counted = weights + grads + acts + moments + batches;
+  size_t total = t->be.bytes_in_use > counted ? t->be.bytes_in_use : counted;
+  size_t other = total - counted;
   struct {
     const char *name;
     size_t bytes;

@@ -12,6 +12,7 @@
 #include "src/config.h"
 #include "src/safetensors.h"
 #include "src/train.h"
+#include "tests/test_train_util.h"
 #include "tests/test_util.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -60,84 +61,30 @@ static Config small_config(const char *run_name) {
   return c;
 }
 
-static int run(const Config *c) {
-  Config v = *c;
-  Error err;
-  if (config_validate(&v, &err) != 0) {
-    printf("config: %s\n", err.msg);
-    return -1;
-  }
-  int rc = train_run(&v, &err);
-  if (rc != 0) printf("train_run: %s\n", err.msg);
-  return rc;
+static const char *ckpt_path(const char *run, int step) {
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/%s", tmp_root, run);
+  return train_test_ckpt(dir, step);
 }
 
-static char *ckpt_path(const char *run, int step) {
-  static char path[512];
-  snprintf(path, sizeof path, "%s/%s/ckpt-%08d.safetensors", tmp_root, run, step);
-  return path;
-}
-
-// Every tensor of two checkpoints bitwise equal (weights and AdamW moments).
-static bool same_tensors(const char *a, const char *b) {
-  SafeTensors x, y;
-  Error err;
-  if (safetensors_read(&x, a, &err) != 0) return printf("%s\n", err.msg), false;
-  if (safetensors_read(&y, b, &err) != 0)
-    return safetensors_free(&x), printf("%s\n", err.msg), false;
-  bool same = x.count == y.count && x.count > 0;
-  for (int i = 0; same && i < x.count; i++) {
-    const SafeTensorEntry *e = &x.entries[i], *f = safetensors_find(&y, e->name);
-    same = f && e->end - e->begin == f->end - f->begin &&
-           memcmp(safetensors_entry_data(&x, e), safetensors_entry_data(&y, f),
-                  e->end - e->begin) == 0;
-    if (!same) printf("     tensor %s differs\n", e->name);
-  }
-  safetensors_free(&x);
-  safetensors_free(&y);
-  return same;
-}
-
-// Training losses by step from run_dir/metrics.jsonl (index = step).
 static int read_losses(const char *run, double *loss, int max) {
-  char path[512], line[512];
-  snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp_root, run);
-  FILE *f = fopen(path, "r");
-  int n = 0;
-  if (!f) return 0;
-  while (fgets(line, sizeof line, f)) {
-    long long step;
-    double l;
-    char *p = strstr(line, "\"loss\": ");
-    if (!p || sscanf(line, "{\"step\": %lld", &step) != 1) continue;
-    l = atof(p + 8);
-    if (step < max) loss[step] = l, n++;
-  }
-  fclose(f);
-  return n;
-}
-
-static void copy_file(const char *from, const char *to) {
-  size_t n;
-  unsigned char *data = read_file(from, &n, NULL);
-  FILE *f = fopen(to, "wb");
-  if (data && f) fwrite(data, 1, n, f);
-  if (f) fclose(f);
-  free(data);
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/%s", tmp_root, run);
+  return train_test_losses(dir, loss, max);
 }
 
 static void test_resume_exact(void) {
   Config a = small_config("straight");
-  test_check(run(&a) == 0, "straight run of 6 steps");
+  test_check(train_test_run(&a) == 0, "straight run of 6 steps");
   // Resume from the step-3 checkpoint of the same run into a fresh directory.
   Config b = small_config("resumed");
   mkdir(b.run_dir, 0755);
   char from[512];
   snprintf(from, sizeof from, "%s", ckpt_path("straight", 3));
-  copy_file(from, ckpt_path("resumed", 3));
+  train_test_copy_file(from, ckpt_path("resumed", 3));
   snprintf(b.resume, sizeof b.resume, "auto");
-  test_check(run(&b) == 0, "resumed run from step 3 to 6");
-  test_check(same_tensors(ckpt_path("straight", 6), ckpt_path("resumed", 6)),
+  test_check(train_test_run(&b) == 0, "resumed run from step 3 to 6");
+  test_check(train_test_same_tensors(ckpt_path("straight", 6), ckpt_path("resumed", 6)),
              "resume: final weights and AdamW moments bit-identical to the straight run");
   double la[8] = {0}, lb[8] = {0};
   read_losses("straight", la, 8);
@@ -153,8 +100,9 @@ static void test_resume_exact(void) {
   w4.prefetch = 7;
   w1.max_steps = w4.max_steps = 3;
   w1.ckpt_every = w4.ckpt_every = 3;
-  test_check(run(&w1) == 0 && run(&w4) == 0, "runs with data.workers=1 and 4");
-  test_check(same_tensors(ckpt_path("workers1", 3), ckpt_path("workers4", 3)),
+  test_check(train_test_run(&w1) == 0 && train_test_run(&w4) == 0,
+             "runs with data.workers=1 and 4");
+  test_check(train_test_same_tensors(ckpt_path("workers1", 3), ckpt_path("workers4", 3)),
              "data.workers=1 and 4: bit-identical weights");
 }
 
@@ -164,7 +112,7 @@ static void test_broken_checkpoints(void) {
   snprintf(good, sizeof good, "%s", ckpt_path("straight", 3));
   Config c = small_config("broken");
   mkdir(c.run_dir, 0755);
-  copy_file(good, ckpt_path("broken", 3));
+  train_test_copy_file(good, ckpt_path("broken", 3));
   snprintf(bad, sizeof bad, "%s", ckpt_path("broken", 6));
   size_t n;
   unsigned char *data = read_file(ckpt_path("straight", 6), &n, NULL);
@@ -212,8 +160,8 @@ static void test_broken_checkpoints(void) {
   test_check(rc == 0 && st.step == 3, "the older checkpoint still loads (step %lld)",
              (long long)st.step);
   snprintf(c.resume, sizeof c.resume, "auto");
-  test_check(run(&c) == 0, "resume=auto skips the corrupted newest checkpoint");
-  test_check(same_tensors(ckpt_path("straight", 6), ckpt_path("broken", 6)),
+  test_check(train_test_run(&c) == 0, "resume=auto skips the corrupted newest checkpoint");
+  test_check(train_test_same_tensors(ckpt_path("straight", 6), ckpt_path("broken", 6)),
              "... and continues from step 3 to the same weights as the straight run");
   free(ea);
   free(eas);
@@ -264,7 +212,7 @@ static void test_sigterm(void) {
     int64_t stopped;
     sscanf(strrchr(paths[0], '/'), "/ckpt-%ld", &stopped);
     r.max_steps = stopped + 2;
-    test_check(run(&r) == 0, "resumed after SIGTERM from step %ld", (long)stopped);
+    test_check(train_test_run(&r) == 0, "resumed after SIGTERM from step %ld", (long)stopped);
     struct stat sb;
     char next[1024];
     snprintf(next, sizeof next, "%s/ckpt-%08ld.safetensors", c.run_dir, (long)(stopped + 2));
@@ -290,7 +238,7 @@ static void test_learns(void) {
   c.log_every = 16;
   c.ckpt_every = 0;
   c.eval_every = 96;
-  test_check(run(&c) == 0, "short Fashion-MNIST run");
+  test_check(train_test_run(&c) == 0, "short Fashion-MNIST run");
   double loss[128] = {0};
   read_losses("learns", loss, 128);
   test_check(loss[16] > 1.9 && loss[96] > 0 && loss[96] < LEARN_LOSS_MAX,
