@@ -130,8 +130,10 @@ OnnxTensor *onnx_add_initializer(OnnxModel *om, const char *name, int data_type,
 }
 
 void onnx_add_metadata(OnnxModel *om, const char *key, const char *value) {
-  om->metadata = realloc(om->metadata, sizeof *om->metadata * (size_t)(om->num_metadata + 1));
-  if (!om->metadata) om->metadata = malloc_check(0);  // reports out-of-memory and exits
+  OnnxMetadata *grown = malloc_check(sizeof *grown * (size_t)(om->num_metadata + 1));
+  if (om->num_metadata) memcpy(grown, om->metadata, sizeof *grown * (size_t)om->num_metadata);
+  free(om->metadata);
+  om->metadata = grown;
   OnnxMetadata *e = &om->metadata[om->num_metadata++];
   copy_name(e->key, sizeof e->key, key);
   size_t n = strlen(value);

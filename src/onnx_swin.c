@@ -1,6 +1,6 @@
 // onnx_swin.c: the inference graph of a Swin Transformer as ONNX nodes (the layout is described
 // at the top of src/onnx.h). Geometry comes from the Model (StageGeom: map, windows, shifts,
-// relative position index, shift mask), never recomputed here.
+// relative position index, shift mask); only model.h's rule "odd blocks shift" is restated.
 //
 // The residual stream is kept as rows, tokens (N*H*W, C) in (n, h, w) order, so each linear
 // layer is one Gemm with the timm weight as is (transB = 1) and its bias; window partition,

@@ -56,7 +56,10 @@ static EvalValue *eval_new(Eval *e, const char *name, int ndim, const int64_t *d
   if (e->n == e->cap) {
     e->cap = e->cap ? 2 * e->cap : 256;
     e->vals = realloc(e->vals, sizeof *e->vals * (size_t)e->cap);
-    if (!e->vals) exit(1);
+    if (!e->vals) {
+      fprintf(stderr, "test_onnx_eval: out of memory for %d values\n", e->cap);
+      exit(1);
+    }
   }
   EvalValue *v = &e->vals[e->n++];
   memset(v, 0, sizeof *v);
@@ -65,7 +68,10 @@ static EvalValue *eval_new(Eval *e, const char *name, int ndim, const int64_t *d
   for (int d = 0; d < ndim; d++) v->dims[d] = dims[d];
   int64_t n = eval_numel(ndim, dims);
   v->v = calloc((size_t)(n ? n : 1), sizeof *v->v);
-  if (!v->v) exit(1);
+  if (!v->v) {
+    fprintf(stderr, "test_onnx_eval: out of memory for '%s' (%lld values)\n", name, (long long)n);
+    exit(1);
+  }
   return v;
 }
 
