@@ -13,6 +13,17 @@ For two models, "tiny" (32x32, 2 stages) and "swin_tiny" (configs/swin_tiny.ini,
   5. write the weights in the official Swin layout as a .pth (downsample at the end of stages
      0..2, head.*, index and mask buffers), convert it with scripts/convert_pth.py and compare
      swin_predict's logits on it with timm's.
+Then the ONNX export written by swin.c itself (BUILD/swin_export CKPT OUT.onnx), for Swin-T 224,
+Swin-B 384 (window 12), configs/fashion_mnist.ini's model and small odd shapes (H != W with three
+stages, a window larger than the map, 1 and 4 channels, 1 class, no qkv bias):
+  6. train 2 steps, export OUT.onnx in f32 and f16, with a dynamic batch and with batch=1;
+  7. onnx.checker.check_model(full_check=True) on each file;
+  8. ONNX Runtime's logits (CPU) for a batch of 1 and, through the dynamic batch, of 3 against
+     swin_predict's and against timm's on the same weights (the f32 safetensors export) and input.
+A compact table of the ONNX checks is printed last.
+
+    python3 scripts/check_export.py --build BUILD_DIR --onnx-only     # steps 6-8 only
+
 Prints a table (check, max abs diff, rel err = ||a - b|| / ||b||, tolerance, pass/fail) and exits
 non-zero on any failure. Needs torch, timm, numpy, safetensors, onnx, onnxruntime and pillow; the
 CPU is enough.
@@ -40,6 +51,12 @@ TOL_TIMM = 1e-5
 # ONNX Runtime fuses and rewrites the graph (LayerNorm, GELU, attention MatMul/Softmax fusions)
 # and runs its own MLAS kernels, so its rounding differs more from both; still fp32, 1e-4.
 TOL_ONNX = 1e-4
+# The f16 export holds weights and activations in f16 (unit roundoff 2^-11 = 4.9e-4). Each block
+# rounds ~10 times on a LayerNorm-scaled residual branch, and independent roundings add up like a
+# random walk over the depth: Swin-B's 24 blocks give ~sqrt(240) * 4.9e-4 = 7.6e-3 at worst, so the
+# logits of the f16 graph must stay within 1e-2 of the fp32 ones. The table also shows PyTorch's
+# own f16 error on the same weights (timm model.half()) as a yardstick.
+TOL_ONNX_F16 = 1e-2
 
 TINY_INI = """\
 # check_export.py: a tiny Swin for the interchange check
@@ -76,6 +93,33 @@ MODELS = {
     "swin_tiny": dict(config=os.path.join(REPO, "configs", "swin_tiny.ini"),
                       model_overrides=["model.num_classes=3"], img=224,
                       timm_kwargs=dict(num_classes=3)),
+}
+
+
+def ini_text(img, in_chans, patch, embed, depths, heads, window, classes, qkv_bias=True):
+    return (f"[model]\nimg_size = {img}\nin_chans = {in_chans}\npatch_size = {patch}\n"
+            f"embed_dim = {embed}\ndepths = {depths}\nnum_heads = {heads}\n"
+            f"window_size = {window}\nqkv_bias = {str(qkv_bias).lower()}\n"
+            f"num_classes = {classes}\n\n[train]\nlr = 1e-3\nlr_scale_batch = 0\n\n"
+            f"[data]\nmean = 0.5\nstd = 0.25\n")
+
+
+# ONNX export checks: name -> config file (or INI text), overrides, classes of the training data.
+ONNX_MODELS = {
+    "swin_tiny_224": dict(config=os.path.join(REPO, "configs", "swin_tiny.ini"),
+                          overrides=["model.num_classes=3"], classes=3),
+    "swin_base_384_w12": dict(config=os.path.join(REPO, "configs", "swin_base.ini"),
+                              overrides=["model.img_size=384", "model.window_size=12",
+                                         "model.num_classes=3"], classes=3),
+    "fashion_mnist": dict(config=os.path.join(REPO, "configs", "fashion_mnist.ini"),
+                          overrides=[], classes=10),
+    # 16x32: maps 8x16 (shift 2,2) -> 4x8 (shift along W only) -> 2x4 (window 2x4, no shift).
+    "rect_3stage": dict(ini=ini_text("16,32", 3, 2, 8, "2,2,2", "1,2,4", 4, 5), classes=5),
+    # 1 channel, 1 class: 14x14 (shift 3,3) -> 7x7 = one window.
+    "gray_1class_w7": dict(ini=ini_text(28, 1, 2, 8, "2,2", "2,2", 7, 1), classes=1),
+    # 4 channels, window 8 larger than the 4x6 map (window 4x6, no shift), no qkv bias.
+    "rgba_window_gt_map": dict(ini=ini_text("8,12", 4, 2, 8, "3", "2", 8, 7, qkv_bias=False),
+                               classes=7),
 }
 
 
@@ -146,18 +190,18 @@ def run(cmd, timeout=540):
     return proc.stdout
 
 
-def make_image_folder(root, per_class=8, seed=0):
+def make_image_folder(root, per_class=8, seed=0, classes=CLASSES):
     from PIL import Image
     rng = np.random.default_rng(seed)
     for split in ("train", "val"):
-        for c in CLASSES:
+        for c in classes:
             d = os.path.join(root, split, c)
             os.makedirs(d, exist_ok=True)
             for i in range(per_class):
                 h, w = int(rng.integers(36, 61)), int(rng.integers(40, 71))  # e.g. 40x50
                 pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
                 Image.fromarray(pixels, "RGB").save(os.path.join(d, f"{c}_{i}.png"))
-    print(f"made an ImageFolder of {len(CLASSES)} classes x {per_class} images per split in {root}")
+    print(f"made an ImageFolder of {len(classes)} classes x {per_class} images per split in {root}")
 
 
 def deterministic_torch(torch):
@@ -322,6 +366,145 @@ def check_model(name, spec, build, work, results):
                         TOL_TIMM)
 
 
+def read_model_config(ckpt):
+    """The [model] keys of a swin.c checkpoint's resolved config (INI text in its metadata)."""
+    from safetensors import safe_open
+    with safe_open(ckpt, "np") as f:
+        ini = f.metadata()["config"]
+    section, keys = "", {}
+    for line in ini.splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif "=" in line and section == "model":
+            k, v = (x.strip().strip('"') for x in line.split("=", 1))
+            keys[k] = v
+    ints = lambda v: tuple(int(x) for x in v.split(","))  # noqa: E731
+    img = ints(keys["img_size"])
+    return dict(img_size=(img[0], img[-1]), in_chans=int(keys["in_chans"]),
+                patch_size=int(keys["patch_size"]), embed_dim=int(keys["embed_dim"]),
+                depths=ints(keys["depths"]), num_heads=ints(keys["num_heads"]),
+                window_size=int(keys["window_size"]), mlp_ratio=float(keys["mlp_ratio"]),
+                qkv_bias=keys["qkv_bias"] in ("true", "1", "yes"),
+                num_classes=int(keys["num_classes"]))
+
+
+def train_checkpoint(name, spec, build, work):
+    """swin_train for 2 steps on a random ImageFolder with the model's class count."""
+    classes = spec["classes"]
+    data = os.path.join(work, f"data_{classes}_classes")
+    if not os.path.isdir(data):
+        make_image_folder(data, per_class=2, classes=tuple(f"class_{i:02d}" for i in range(classes)))
+    config = spec.get("config")
+    if config is None:
+        config = os.path.join(work, f"{name}.ini")
+        with open(config, "w") as f:
+            f.write(spec["ini"])
+    run_dir = os.path.join(work, f"run_onnx_{name}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run([os.path.join(build, "swin_train"), config, "data.dataset=imagefolder",
+         f"data.path={data}", f"run_dir={run_dir}", "train.max_steps=2", "train.batch_size=2",
+         "train.eval_batch_size=2", "data.workers=2", "train.warmup_epochs=0",
+         "train.lr_scale_batch=0", "model.drop_path_rate=0.1", *spec.get("overrides", [])])
+    ckpt = os.path.join(run_dir, "ckpt-00000002.safetensors")
+    assert os.path.isfile(ckpt), f"no {ckpt}; run_dir holds {sorted(os.listdir(run_dir))}"
+    return ckpt
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def check_onnx_model(name, spec, build, work, results, rows):
+    """swin_export's own ONNX files against swin_predict and timm (steps 6-8)."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from safetensors.numpy import save_file as save_numpy
+    from timm.models.swin_transformer import SwinTransformer
+
+    ckpt = train_checkpoint(name, spec, build, work)
+    cfg = read_model_config(ckpt)
+    H, W = cfg["img_size"]
+    rng = np.random.default_rng(4321)
+    inputs = {b: rng.standard_normal((b, H, W, cfg["in_chans"])).astype(np.float32)
+              for b in (1, 3)}
+    swin, timm_out, timm_f16 = {}, {}, {}
+    weights = os.path.join(work, f"{name}_onnx_weights.safetensors")
+    run([os.path.join(build, "swin_export"), ckpt, weights, "dtype=f32"])
+    model = SwinTransformer(**cfg, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
+                            global_pool="avg")
+    model.load_state_dict(load_export(weights, torch.float32), strict=True)
+    model = model.float().eval()
+    for b, x in inputs.items():
+        input_file = os.path.join(work, f"{name}_onnx_input_{b}.safetensors")
+        save_numpy({"input": x}, input_file)
+        swin[b] = predict(build, ckpt, input_file,
+                          os.path.join(work, f"{name}_onnx_logits_{b}.safetensors"))
+        timm_out[b] = timm_logits(model, x)
+        results.compare(name, f"swin_predict vs timm, batch {b}", swin[b], timm_out[b], TOL_ONNX)
+    with contextlib.suppress(Exception):  # PyTorch's CPU f16 coverage varies by version
+        half = model.half()
+        with torch.no_grad():
+            for b, x in inputs.items():
+                nchw = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().half()
+                timm_f16[b] = rel_err(half(nchw).float().numpy(), timm_out[b])
+        model.float()
+
+    for dtype in ("f32", "f16"):
+        tol = TOL_ONNX if dtype == "f32" else TOL_ONNX_F16
+        for batch in ("dynamic", "1"):
+            tag = f"ONNX {dtype} batch={batch}"
+            row = dict(model=name, dtype=dtype, batch=batch, checker="-", swin=[], timm=[],
+                       torch_f16=max(timm_f16.values()) if dtype == "f16" and timm_f16 else None,
+                       tol=tol, ok=False, mb=None)
+            rows.append(row)
+            with guarded(results, name, tag):
+                path = os.path.join(work, f"{name}_{dtype}_{batch}.onnx")
+                run([os.path.join(build, "swin_export"), ckpt, path, f"dtype={dtype}",
+                     f"batch={batch}"])
+                row["mb"] = os.path.getsize(path) / 2**20
+                onnx.checker.check_model(path, full_check=True)
+                row["checker"] = "pass"
+                results.add(name, f"{tag}: onnx.checker.check_model(full_check=True)", True)
+                session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+                for b in ((1, 3) if batch == "dynamic" else (1,)):
+                    got = session.run(["logits"], {"images": np.ascontiguousarray(
+                        inputs[b].transpose(0, 3, 1, 2))})[0]
+                    results.compare(name, f"{tag}: onnxruntime vs swin_predict, batch {b}", got,
+                                    swin[b], tol)
+                    row["swin"].append(rel_err(got, swin[b]))
+                    if dtype == "f32":
+                        results.compare(name, f"{tag}: onnxruntime vs timm, batch {b}", got,
+                                        timm_out[b], tol)
+                        row["timm"].append(rel_err(got, timm_out[b]))
+                errs = row["swin"] + row["timm"]
+                row["ok"] = bool(errs) and max(errs) <= tol
+
+
+def onnx_table(rows):
+    """The compact summary of the ONNX checks: one line per exported file."""
+    def worst(xs):
+        return "-" if not xs else f"{max(xs):.2e}"
+    header = ("model", "dtype", "batch", "MiB", "checker", "vs swin_predict", "vs timm",
+              "torch f16", "tol", "result")
+    lines = [(r["model"], r["dtype"], r["batch"], "-" if r["mb"] is None else f"{r['mb']:.1f}",
+              r["checker"], worst(r["swin"]), worst(r["timm"]),
+              "-" if r["torch_f16"] is None else f"{r['torch_f16']:.2e}", f"{r['tol']:g}",
+              "pass" if r["ok"] else "FAIL") for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    print("\nswin_export ONNX files (rel err = ||a - b|| / ||b|| of the logits, worst of batch 1 "
+          "and 3; onnxruntime CPU)")
+    print(fmt.format(*header))
+    print(fmt.format(*("-" * w for w in widths)))
+    for line in lines:
+        print(fmt.format(*line))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -329,6 +512,10 @@ def main():
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--onnx-models", default=",".join(ONNX_MODELS),
+                    help=f"comma-separated subset of {','.join(ONNX_MODELS)} ('' for none)")
+    ap.add_argument("--onnx-only", action="store_true",
+                    help="only the checks of swin_export's own ONNX files (steps 6-8)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     for prog in ("swin_train", "swin_export", "swin_predict"):
@@ -336,9 +523,12 @@ def main():
         assert os.access(path, os.X_OK), f"{path} is missing: build swin.c first"
     work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="swin_check_export_"))
     os.makedirs(work, exist_ok=True)
-    names = [n for n in args.models.split(",") if n]
+    names = [] if args.onnx_only else [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     assert not unknown, f"unknown models {unknown}; choose from {list(MODELS)}"
+    onnx_names = [n for n in args.onnx_models.split(",") if n]
+    unknown = [n for n in onnx_names if n not in ONNX_MODELS]
+    assert not unknown, f"unknown ONNX models {unknown}; choose from {list(ONNX_MODELS)}"
 
     os.environ["TIMM_FUSED_ATTN"] = "0"  # the plain attention path (timm's default for swin)
     import onnx
@@ -350,14 +540,24 @@ def main():
           f"onnxruntime {onnxruntime.__version__}; work dir {work}")
 
     results = Results()
-    make_image_folder(os.path.join(work, "data"))
+    if names:
+        make_image_folder(os.path.join(work, "data"))
     for name in names:
         try:
             check_model(name, MODELS[name], build, work, results)
         except Exception as e:
             traceback.print_exc()
             results.add(name, "ERROR", False, note=first_line(e))
+    onnx_rows = []
+    for name in onnx_names:
+        try:
+            check_onnx_model(name, ONNX_MODELS[name], build, work, results, onnx_rows)
+        except Exception as e:
+            traceback.print_exc()
+            results.add(name, "ERROR", False, note=first_line(e))
     results.table()
+    if onnx_names:
+        onnx_table(onnx_rows)
     ok = results.all_ok()
     print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
     sys.exit(0 if ok else 1)

@@ -69,6 +69,16 @@ expect "swin_export refuses a missing checkpoint" 1 "missing\.safetensors" -- \
   "$build/swin_export" "$tmp/missing.safetensors" "$tmp/out.safetensors"
 expect "swin_export refuses a bad dtype" 2 "dtype=bf16" -- \
   "$build/swin_export" a b dtype=f64
+expect "swin_export usage names the ONNX form" 2 "OUT\.onnx \[dtype=f32\|f16\] \[batch=dynamic\|N\]" -- \
+  "$build/swin_export"
+expect "swin_export .onnx refuses bf16" 2 "HINT: dtype=f32 or dtype=f16 \(ONNX\)" -- \
+  "$build/swin_export" a b.onnx dtype=bf16
+expect "swin_export .onnx refuses a bad batch" 2 "bad argument 'batch=-3'" -- \
+  "$build/swin_export" a b.onnx batch=-3
+expect "swin_export batch= needs an ONNX output" 2 "applies only to ONNX output" -- \
+  "$build/swin_export" a b.safetensors batch=4
+expect "swin_export .onnx refuses a missing checkpoint" 1 "missing\.safetensors" -- \
+  "$build/swin_export" "$tmp/missing.safetensors" "$tmp/out.onnx" dtype=f16 batch=2
 
 fixture="$src/tests/fixtures/shifted_two_stages.safetensors"
 expect "swin_predict usage" 2 "usage: swin_predict" -- "$build/swin_predict"
