@@ -551,7 +551,11 @@ static void test_swin_export_program(void) {
   Config cfg = case_config(&cases[0]);
   Error err;
   Model m;
-  model_create(&m, &cfg, NULL, 0, &err);
+  Backend be;
+  if (backend_create(&be, "cpu", "fp32", &err) != 0 || model_create(&m, &cfg, &be, 2, &err) != 0) {
+    test_check(0, "swin_export test model: %s", err.msg);
+    return;
+  }
   model_init_weights(&m, 9);
   TestRng r = {9};
   test_fill_uniform(&r, m.weights, m.num_floats, -1, 1);
@@ -611,6 +615,7 @@ static void test_swin_export_program(void) {
   onnx_model_free(&big);
   free(moments);
   model_destroy(&m);
+  backend_destroy(&be);
 }
 
 int main(void) {
