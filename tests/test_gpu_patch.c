@@ -1,0 +1,152 @@
+// test_gpu_patch.c: the CUDA backend's patch-embedding input and drop-path scales against the CPU
+// backend's, in fp32, bf16 and fp16.
+//   patch_embed_input: uint8 pixels normalized per channel, or f32 images as given; Cin = 1 and 3,
+//   p = 4 and 2. Both backends compute ((float)v / 255 - mean) / std with IEEE division and no
+//   contraction possible, so the GPU's patches must be exactly the CPU's rounded to the compute
+//   type, bit for bit.
+//   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits.
+#include "tests/test_gpu_util.h"
+
+#ifdef SWIN_HAVE_CUDA
+#include <stdint.h>
+
+typedef struct {
+  int B, H, W, Cin, p;
+} PatchShape;
+
+static const PatchShape shapes[] = {
+    {2, 16, 24, 3, 4},
+    {2, 16, 24, 3, 2},
+    {3, 32, 32, 1, 4},  // Fashion-MNIST's layout
+    {2, 12, 20, 1, 2},
+};
+#define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+static const Normalize norm = {{0.485f, 0.456f, 0.406f, 0.5f}, {0.229f, 0.224f, 0.225f, 0.25f}};
+
+static int64_t patch_count(const PatchShape *s) {
+  return (int64_t)s->B * s->H * s->W * s->Cin;  // every pixel lands in exactly one patch row
+}
+
+// patches (B, H/p, W/p, Cin*p*p) from input (B, H, W, Cin) of input_dtype (U8 or F32).
+static void patch_on(Backend *be, const PatchShape *s, const void *input_h, DType input_dtype,
+                     Normalize nm, float *patches_h) {
+  const int64_t n = patch_count(s);
+  void *input = be_copy_bytes(be, input_h, (size_t)n * dtype_size(input_dtype));
+  void *patches = be_poisoned_act(be, n);
+  be->ops->patch_embed_input(be, patches, input, input_dtype, nm, s->B, s->H, s->W, s->Cin, s->p);
+  be_read_act(be, patches_h, patches, n);
+  be_free(be, input);
+  be_free(be, patches);
+}
+
+static void check_patch(BackendPair *p, const PatchShape *s, DType input_dtype, TestRng *rng) {
+  const DType dt = p->gpu.act;
+  const int64_t n = patch_count(s);
+  char ctx[256];
+  snprintf(ctx, sizeof ctx, "patch_embed_input [%s] %s input B=%d %dx%d Cin=%d p=%d", p->precision,
+           input_dtype == DTYPE_U8 ? "uint8" : "f32", s->B, s->H, s->W, s->Cin, s->p);
+  void *input;
+  if (input_dtype == DTYPE_U8) {
+    uint8_t *px = (uint8_t *)malloc_check((size_t)n);
+    for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
+    input = px;
+  } else {
+    input = test_alloc_floats(n);
+    test_fill_uniform(rng, (float *)input, n, -2.0f, 2.0f);
+  }
+  float *want = test_alloc_floats(n), *got = test_alloc_floats(n);
+  patch_on(&p->cpu, s, input, input_dtype, norm, want);
+  patch_on(&p->gpu, s, input, input_dtype, norm, got);
+  test_round_all(dt, want, n);
+  test_same_bits(ctx, "patches = CPU's rounded to the compute type", got, want, n);
+  free(input);
+  free(want);
+  free(got);
+}
+
+// scales (units, B) for `units` drop-path units at rates[u / 2].
+static void drop_on(Backend *be, const float *rates_h, int units, int B, uint64_t seed,
+                    int64_t step, float *scales_h) {
+  float *rates = be_copy_f32(be, rates_h, (units + 1) / 2);
+  float *scales = be_poisoned_f32(be, (int64_t)units * B);
+  be->ops->drop_path_scales(be, scales, rates, units, B, seed, step);
+  be_read_f32(be, scales_h, scales, (int64_t)units * B);
+  be_free(be, rates);
+  be_free(be, scales);
+}
+
+static void check_drop_path(BackendPair *p) {
+  // Swin-T's 12 blocks (24 units) at rate linspace(0, 0.2), batch 64; the seed and the step use
+  // their high 32 bits, which the key folds in.
+  enum { BLOCKS = 12, UNITS = 2 * BLOCKS, B = 64 };
+  float rates[BLOCKS];
+  for (int i = 0; i < BLOCKS; i++) rates[i] = 0.2f * (float)i / (BLOCKS - 1);
+  const uint64_t seed = 0x9e3779b97f4a7c15ull;
+  const int64_t steps[2] = {7, ((int64_t)1 << 33) + 5};
+  for (int k = 0; k < 2; k++) {
+    char ctx[256];
+    snprintf(ctx, sizeof ctx, "drop_path_scales [%s] %d units x %d samples, step %lld",
+             p->precision, UNITS, B, (long long)steps[k]);
+    float *want = test_alloc_floats(UNITS * B), *got = test_alloc_floats(UNITS * B);
+    drop_on(&p->cpu, rates, UNITS, B, seed, steps[k], want);
+    drop_on(&p->gpu, rates, UNITS, B, seed, steps[k], got);
+    test_same_bits(ctx, "scales", got, want, UNITS * B);
+    // The draw must reach both outcomes, or the test would not tell them apart.
+    int zeros = 0, kept = 0;
+    for (int i = 0; i < UNITS * B; i++) {
+      zeros += want[i] == 0.0f;
+      kept += want[i] > 1.0f;
+    }
+    test_check(zeros > 0 && kept > 0, "%s: both outcomes drawn (%d dropped, %d kept and scaled)",
+               ctx, zeros, kept);
+    free(want);
+    free(got);
+  }
+}
+
+// Negative control: the GPU normalizing with channel 0's mean off by 1e-3 must not match.
+static void negative_control(BackendPair *p, TestRng *rng) {
+  const PatchShape *s = &shapes[0];
+  const int64_t n = patch_count(s);
+  uint8_t *px = (uint8_t *)malloc_check((size_t)n);
+  for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
+  Normalize off = norm;
+  off.mean[0] += 1e-3f;
+  float *want = test_alloc_floats(n), *got = test_alloc_floats(n);
+  patch_on(&p->cpu, s, px, DTYPE_U8, norm, want);
+  patch_on(&p->gpu, s, px, DTYPE_U8, off, got);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; i++) differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+  test_check(differ > 0,
+             "negative control: patch_embed_input [%s], GPU mean[0] + 1e-3: %lld of "
+             "%lld values differ (must be > 0)",
+             p->precision, (long long)differ, (long long)n);
+  free(px);
+  free(want);
+  free(got);
+}
+#endif
+
+int main(void) {
+  GPU_TEST_MAIN_BEGIN();
+#ifdef SWIN_HAVE_CUDA
+  TestRng rng = {.state = 0x9a7c4};
+  // The CPU normalizes uint8 input in its scratch (B*H*W*Cin floats).
+  BackendNeeds needs = {.max_elements = 1, .max_rows = 1, .max_width = 1, .max_batch = 1};
+  for (int i = 0; i < NUM_SHAPES; i++)
+    if (patch_count(&shapes[i]) > needs.max_elements) needs.max_elements = patch_count(&shapes[i]);
+  for (int pi = 0; pi < GPU_TEST_PRECISIONS; pi++) {
+    BackendPair p;
+    backend_pair_create(&p, gpu_test_precisions[pi], &needs);
+    for (int si = 0; si < NUM_SHAPES; si++) {
+      check_patch(&p, &shapes[si], DTYPE_U8, &rng);
+      check_patch(&p, &shapes[si], DTYPE_F32, &rng);
+    }
+    check_drop_path(&p);
+    if (pi == 0) negative_control(&p, &rng);
+    backend_pair_destroy(&p);
+  }
+#endif
+  return test_finish();
+}
