@@ -32,6 +32,7 @@ struct CudaState {
   float *scratch;  // the ops' scratch (sized by reserve)
   int64_t scratch_floats;
   float *row_losses;  // (max_batch)
+  int max_batch;
 };
 
 CudaState *state_of(Backend *be) {
@@ -115,14 +116,24 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   if (k > need) need = k;
   k = optimizer_step_cuda_scratch(n->num_params);
   if (k > need) need = k;
-  if (need <= st->scratch_floats) return;
-  if (st->scratch) {
+  if (need > st->scratch_floats) {
     cuda_release(be, st->scratch);
-    cuda_release(be, st->row_losses);
+    st->scratch = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)need));
+    st->scratch_floats = need;
   }
-  st->scratch = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)need));
-  st->scratch_floats = need;
-  st->row_losses = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)n->max_batch));
+  if (n->max_batch > st->max_batch) {
+    cuda_release(be, st->row_losses);
+    st->row_losses = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)n->max_batch));
+    st->max_batch = n->max_batch;
+  }
+}
+
+// The batch an op may be given: what reserve planned for.
+void check_batch(Backend *be, const char *op, int B) {
+  if (B <= state_of(be)->max_batch) return;
+  fprintf(stderr, "internal error: %s with batch %d, the backend reserved for %d\n", op, B,
+          state_of(be)->max_batch);
+  abort();
 }
 
 // ---- batch staging --------------------------------------------------------------------------
@@ -283,6 +294,7 @@ void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias
 void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
                      float smoothing, int B, int K, OptimState *state) {
   CudaState *st = state_of(be);
+  check_batch(be, "train_loss", B);
   cross_entropy_forward_backward_cuda(st->row_losses, dlogits, logits, labels, nullptr, smoothing,
                                       &state->loss_scale, B, K, st->compute);
   losses_accumulate_cuda(&state->loss_sum, &state->loss_steps, &state->bad_losses, st->row_losses,
@@ -292,6 +304,7 @@ void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int
 void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
                        int K) {
   CudaState *st = state_of(be);
+  check_batch(be, "eval_metrics", B);
   cross_entropy_forward_backward_cuda(st->row_losses, nullptr, logits, labels, nullptr, 0.0f,
                                       nullptr, B, K, st->compute);
   losses_accumulate_cuda(&sums->loss_sum, &sums->count, nullptr, st->row_losses, B, false,

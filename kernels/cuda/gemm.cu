@@ -203,7 +203,9 @@ size_t gemm_context_bytes(void) {
 }
 
 // The plan of a problem: found in the cache, or made (descriptors + heuristic) and kept.
-static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key) {
+// bias: the pointer of the first call (the heuristic reads its alignment from the descriptor;
+// the key holds that alignment, so every later call with this plan has a bias as aligned).
+static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void *bias) {
   for (int i = 0; i < g->num_plans; i++)
     if (memcmp(&g->plans[i].key, &key, sizeof key) == 0) return &g->plans[i];
   if (g->num_plans == kMaxPlans) {
@@ -224,6 +226,9 @@ static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key) {
   cublasLtEpilogue_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof epilogue));
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
   // Stored shapes, column-major: our B is (N, K) or, transposed, (K, N); our A (K, M) or (M, K).
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, key.trans_b ? key.K : key.N,
                                           key.trans_b ? key.N : key.K, key.ldb));
@@ -292,7 +297,7 @@ void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int
   key.align_b = pointer_alignment(B);
   key.align_c = pointer_alignment(C);
   key.align_bias = pointer_alignment(bias);
-  const GemmPlan *p = gemm_plan(g, key);
+  const GemmPlan *p = gemm_plan(g, key, bias);
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias));
