@@ -217,6 +217,10 @@ int nccl_comm_create(NcclComm **out, Comm *c, double timeout_s, int64_t max_bf16
   return 0;
 }
 
+void nccl_set_timeout(NcclComm *nc, double timeout_s) {
+  nc->timeout_s = timeout_s;
+}
+
 void nccl_comm_destroy(NcclComm *nc) {
   if (!nc) return;
   if (!nc->aborted) {

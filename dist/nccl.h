@@ -43,13 +43,18 @@ int nccl_select_device(Comm *c, int *device, Error *err);
 // nccl_allreduce will carry in bf16 (its scratch is allocated here; 0 when only fp32 is used).
 // Collective over every rank.
 int nccl_comm_create(NcclComm **nc, Comm *c, double timeout_s, int64_t max_bf16_count, Error *err);
+// Sets the timeout of later calls and waits: creation and the first collectives (connections)
+// may need longer than a step's all-reduce should ever take.
+void nccl_set_timeout(NcclComm *nc, double timeout_s);
 // Frees the communicator (aborting it if an error left NCCL work pending).
 void nccl_comm_destroy(NcclComm *nc);
 
 // In-place all-reduce of data (count device floats) on stream: COMM_SUM, COMM_AVG (sum / world),
 // COMM_MAX or COMM_MIN. REDUCE_BF16 rounds to bf16 (round to nearest even) into the scratch,
-// reduces there and widens back into data (the average divides in fp32). Enqueues only: the
-// result is ready when stream reaches it (nccl_wait, or an event for other streams).
+// reduces there and widens back into data (the average divides in fp32); the communicator has
+// one scratch, so its bf16 all-reduces must all go to one stream, whose order protects it.
+// Enqueues only: the result is ready when stream reaches it (nccl_wait, or an event for other
+// streams).
 int nccl_allreduce(NcclComm *nc, float *data, int64_t count, CommOp op, ReduceDtype dtype,
                    cudaStream_t stream, Error *err);
 // The same after making stream wait for ready (an event recorded when backward has written the

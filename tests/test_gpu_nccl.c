@@ -201,7 +201,8 @@ static void test_event_ordering(Comm *c, NcclComm *nc, cudaStream_t comm_stream)
 static void test_timeout(Comm *c, cudaStream_t stream) {
   NcclComm *nc;
   Error err;
-  must(c, nccl_comm_create(&nc, c, 0.5, 0, &err), &err);
+  must(c, nccl_comm_create(&nc, c, 60.0, 0, &err), &err);  // creation may take seconds
+  nccl_set_timeout(nc, 0.5);
   static double stall = 2.0;
   CUDA_CHECK(cudaLaunchHostFunc(stream, sleep_host, &stall));
   double start = time_now_s();
@@ -220,10 +221,9 @@ static void test_timeout(Comm *c, cudaStream_t stream) {
   nccl_comm_destroy(nc);
 }
 
-// Time of a 25 MiB bucket's all-reduce, and the bus bandwidth NCCL's tests report:
+// Time of an n-float bucket's all-reduce, and the bus bandwidth NCCL's tests report:
 // 2 (W-1)/W bytes / time per rank.
-static void bench(Comm *c, NcclComm *nc, cudaStream_t stream, ReduceDtype dtype) {
-  const int64_t n = 25 * 262144;
+static void bench(Comm *c, NcclComm *nc, cudaStream_t stream, ReduceDtype dtype, int64_t n) {
   float *d = gpu_alloc(sizeof(float) * (size_t)n);
   CUDA_CHECK(cudaMemset(d, 0, sizeof(float) * (size_t)n));
   Error err;
@@ -238,8 +238,8 @@ static void bench(Comm *c, NcclComm *nc, cudaStream_t stream, ReduceDtype dtype)
   double t = max_over_ranks(c, (time_now_s() - start) / reps);
   double wire = (double)n * (dtype == REDUCE_BF16 ? 2 : 4);
   if (c->rank == 0)
-    printf("bench: %d ranks, 25 MiB fp32 bucket as %s: %.3f ms, bus bandwidth %.1f GB/s\n",
-           c->world, dtype == REDUCE_BF16 ? "bf16" : "fp32", t * 1e3,
+    printf("bench: %d ranks, %.0f MiB fp32 bucket as %s: %.3f ms, bus bandwidth %.1f GB/s\n",
+           c->world, (double)n * 4 / 1048576, dtype == REDUCE_BF16 ? "bf16" : "fp32", t * 1e3,
            2.0 * (c->world - 1) / c->world * wire / t / 1e9);
   CUDA_CHECK(cudaFree(d));
 }
@@ -249,7 +249,8 @@ static int run_skip(Comm *c, int skipper) {
   Error err;
   must(c, nccl_select_device(c, &device, &err), &err);
   NcclComm *nc;
-  must(c, nccl_comm_create(&nc, c, 5.0, 0, &err), &err);
+  must(c, nccl_comm_create(&nc, c, 60.0, 0, &err), &err);
+  nccl_set_timeout(nc, 5.0);
   float *d = gpu_alloc(sizeof(float) * 1024);
   CUDA_CHECK(cudaMemset(d, 0, sizeof(float) * 1024));
   if (c->rank != skipper) {
@@ -270,7 +271,8 @@ int main(int argc, char **argv) {
   int device;
   must(&c, nccl_select_device(&c, &device, &err), &err);
   NcclComm *nc;
-  must(&c, nccl_comm_create(&nc, &c, 60.0, 1 << 22, &err), &err);
+  const int64_t bucket = 25 * 262144;  // 25 MiB of floats: the default bucket, the bf16 scratch
+  must(&c, nccl_comm_create(&nc, &c, 60.0, bucket, &err), &err);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (c.rank == 0)
@@ -284,16 +286,17 @@ int main(int argc, char **argv) {
     check_reduce(&c, nc, stream, sizes[s], COMM_AVG, REDUCE_BF16, 40 + s);
   }
   check_reduce(&c, nc, stream, 1001, COMM_MAX, REDUCE_FP32, 50);
-  float *big = gpu_alloc(sizeof(float) * ((1 << 22) + 1));
-  int rc = nccl_allreduce(nc, big, (1 << 22) + 1, COMM_SUM, REDUCE_BF16, stream, &err);
+  float *big = gpu_alloc(sizeof(float) * (size_t)(bucket + 1));
+  int rc = nccl_allreduce(nc, big, bucket + 1, COMM_SUM, REDUCE_BF16, stream, &err);
   char want[64];
-  snprintf(want, sizeof want, "rank %d: bf16 all-reduce of 4194305 floats", c.rank);
+  snprintf(want, sizeof want, "rank %d: bf16 all-reduce of %lld floats", c.rank,
+           (long long)(bucket + 1));
   check_all(&c, rc == -1 && strstr(err.msg, want), "a bf16 range beyond the scratch is an error");
   CUDA_CHECK(cudaFree(big));
   test_event_ordering(&c, nc, stream);
   if (c.world > 1) {
-    bench(&c, nc, stream, REDUCE_FP32);
-    bench(&c, nc, stream, REDUCE_BF16);
+    bench(&c, nc, stream, REDUCE_FP32, bucket);
+    bench(&c, nc, stream, REDUCE_BF16, bucket);
   }
   test_timeout(&c, stream);
   nccl_comm_destroy(nc);
