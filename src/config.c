@@ -225,6 +225,15 @@ static const ConfigKey config_keys[] = {
      SCALAR(ckpt_every), .range = AT_LEAST(0)},
     {"ckpt.keep", KEY_INT, "3", "newest checkpoints kept in run_dir", SCALAR(ckpt_keep),
      .range = AT_LEAST(1)},
+
+    // [dist]
+    {"dist.bucket_mb", KEY_FLOAT, "25",
+     "size of the gradient buckets all-reduced while backward runs, in MiB of fp32 gradients",
+     SCALAR(bucket_mb), .range = ABOVE(0)},
+    {"dist.reduce_dtype", KEY_ENUM, "fp32",
+     "how gradients travel in the all-reduce: fp32, or bf16 for half the bytes (GPU only: "
+     "the CPU backend reduces in fp32)",
+     TEXT(reduce_dtype), .choices = "fp32|bf16"},
 };
 
 #define NUM_KEYS ((int)(sizeof config_keys / sizeof config_keys[0]))
@@ -783,7 +792,7 @@ static int parse_section_header(IniParser *p, char *s, const char *where, Error 
   if (!*name || strlen(name) >= sizeof p->section || strchr(name, '.'))
     return error_set(err,
                      "%s: bad section name '[%.100s]'\nHINT: the sections are [model], "
-                     "[train], [data] and [ckpt]",
+                     "[train], [data], [ckpt] and [dist]",
                      where, name);
   snprintf(p->section, sizeof p->section, "%s", name);
   return 0;
@@ -1094,12 +1103,22 @@ static int validate_data_and_train(const Config *c, Error *err) {
   return 0;
 }
 
+// MPI's all-reduce on the CPU has no bf16; carrying gradients in bf16 is NCCL's, on the GPU.
+static int validate_dist(const Config *c, Error *err) {
+  if (strcmp(c->reduce_dtype, "bf16") == 0 && strcmp(c->device, "cpu") == 0)
+    return error_set(err,
+                     "dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but device = "
+                     "cpu\nHINT: set dist.reduce_dtype=fp32 (the CPU backend reduces in fp32)");
+  return 0;
+}
+
 int config_validate(const Config *cfg, Error *err) {
   if (validate_stages(cfg, err) != 0) return -1;
   if (validate_each_key(cfg, err) != 0) return -1;
   if (validate_widths(cfg, err) != 0) return -1;
   if (validate_geometry(cfg, err) != 0) return -1;
-  return validate_data_and_train(cfg, err);
+  if (validate_data_and_train(cfg, err) != 0) return -1;
+  return validate_dist(cfg, err);
 }
 
 // ---------------------------------------------------------------------------------------------

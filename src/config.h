@@ -76,6 +76,10 @@ typedef struct {
   // [ckpt]
   int ckpt_every;  // steps between checkpoints; 0 = at the end of every epoch
   int ckpt_keep;   // newest checkpoints kept in run_dir
+
+  // [dist]
+  float bucket_mb;       // gradient all-reduce bucket, MiB of fp32 gradients
+  char reduce_dtype[8];  // "fp32" or "bf16": how gradients travel between GPUs
 } Config;
 
 // Sets every key to its documented default.

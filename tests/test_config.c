@@ -86,6 +86,7 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
   SAME(train_limit); SAME(val_limit); SAME(ckpt_every); SAME(ckpt_keep);
+  SAME(bucket_mb); SAME_STR(reduce_dtype);
   return NULL;
 #undef SAME_STR
 #undef SAME
@@ -125,6 +126,7 @@ static void test_defaults(void) {
        c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0;
   test_check(ok, "defaults: [data]");
   test_check(c.ckpt_every == 0 && c.ckpt_keep == 3, "defaults: [ckpt]");
+  test_check(c.bucket_mb == 25.0f && strcmp(c.reduce_dtype, "fp32") == 0, "defaults: [dist]");
   Error err;
   check_ok("defaults validate (maps 56,28,14,7)", config_validate(&c, &err), &err);
 }
@@ -425,6 +427,18 @@ static void test_validate_errors(void) {
            VALIDATE_WITH(&err, "model.in_chans=1", "data.mean=0.5", "data.std=0.25"), &err);
   check_ok("batch 4 with lr scaling (all rates scale alike)",
            VALIDATE_WITH(&err, "train.batch_size=4"), &err);
+  CHECK_ERROR("bf16 all-reduce on the CPU",
+              VALIDATE_WITH(&err, "device=cpu", "dist.reduce_dtype=bf16"), &err,
+              "dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but device = cpu",
+              "HINT: set dist.reduce_dtype=fp32");
+  Config d;
+  config_defaults(&d);
+  CHECK_ERROR("reduce_dtype fp16 is not a choice",
+              config_apply_override(&d, "dist.reduce_dtype=fp16", &err), &err,
+              "bad value 'fp16' for key 'dist.reduce_dtype'", "fp32, bf16");
+  CHECK_ERROR("bucket_mb must be positive", config_apply_override(&d, "dist.bucket_mb=0", &err),
+              &err, "bad value '0' for key 'dist.bucket_mb'", "greater than 0");
+  check_ok("quarter-MiB buckets", VALIDATE_WITH(&err, "dist.bucket_mb=0.25"), &err);
 
   // Configs filled in code are range-checked by the same rules as files.
   Config c;

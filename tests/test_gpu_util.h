@@ -30,6 +30,22 @@ static inline void gpu_test_require_device(void) {
 }
 #define GPU_TEST_MAIN_BEGIN() gpu_test_require_device()
 
+// Raw device buffers, for tests of code below the backend table (the NCCL all-reduce).
+static inline void *gpu_alloc(size_t bytes) {
+  void *p = NULL;
+  CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 4));
+  return p;
+}
+// Host copy of n device floats (synchronizes).
+static inline void gpu_download(float *host, const float *dev, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(host, dev, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost));
+}
+// All bits set: a NaN in every float.
+static inline void gpu_poison(float *dev, int64_t n) {
+  CUDA_CHECK(cudaMemset(dev, 0xFF, sizeof(float) * (size_t)n));
+}
+
 // ---- the two backends -------------------------------------------------------------------------
 
 // The compute precisions of the CUDA backend, each compared with the fp32 CPU backend.

@@ -1,0 +1,64 @@
+// bucket.c: the gradient bucket planner (see bucket.h).
+#include "dist/bucket.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void emit(GradBucket *buckets, int *n, int64_t offset, int64_t count, int first, int last) {
+  if (buckets) buckets[*n] = (GradBucket){offset, count, first, last};
+  (*n)++;
+}
+
+int bucket_plan(const int64_t *numel, int num_tensors, int64_t max_floats, GradBucket *buckets) {
+  if (max_floats < 1) max_floats = 1;
+  int64_t end = 0;
+  for (int t = 0; t < num_tensors; t++) end += numel[t];
+  int n = 0;
+  for (int t = num_tensors - 1; t >= 0;) {
+    if (numel[t] > max_floats) {
+      // Near-equal pieces rather than full ones and a remainder: no tiny bucket at the end.
+      int64_t pieces = (numel[t] + max_floats - 1) / max_floats;
+      int64_t base = numel[t] / pieces, extra = numel[t] % pieces;
+      for (int64_t k = 0; k < pieces; k++) {
+        int64_t size = base + (k < extra);
+        emit(buckets, &n, end - size, size, t, t);
+        end -= size;
+      }
+      t--;
+      continue;
+    }
+    int last = t;
+    int64_t count = 0;
+    while (t >= 0 && count + numel[t] <= max_floats) count += numel[t--];
+    emit(buckets, &n, end - count, count, t + 1, last);
+    end -= count;
+  }
+  return n;
+}
+
+int64_t bucket_floats(double bucket_mb) {
+  int64_t floats = (int64_t)llround(bucket_mb * 1048576.0 / (double)sizeof(float));
+  return floats < 1 ? 1 : floats;
+}
+
+int bucket_plan_model(const Model *m, double bucket_mb, GradBucket **buckets, int *count,
+                      Error *err) {
+  // Each tensor's extent runs to the next tensor's start: the alignment gaps (src/model.h) go
+  // with the tensor before them, so the buckets cover the whole buffer.
+  int64_t *numel = malloc_check(sizeof(int64_t) * (size_t)(m->num_params > 0 ? m->num_params : 1));
+  for (int i = 0; i < m->num_params; i++) {
+    int64_t end = i + 1 < m->num_params ? m->params[i + 1].offset : m->num_floats;
+    if (m->params[i].offset > end || (i == 0 && m->params[0].offset != 0)) {
+      free(numel);
+      return error_set(err, "parameter '%s' at float %lld is out of order in the table",
+                       m->params[i].name, (long long)m->params[i].offset);
+    }
+    numel[i] = end - m->params[i].offset;
+  }
+  int64_t max_floats = bucket_floats(bucket_mb);
+  *count = bucket_plan(numel, m->num_params, max_floats, NULL);
+  *buckets = malloc_check(sizeof(GradBucket) * (size_t)(*count > 0 ? *count : 1));
+  bucket_plan(numel, m->num_params, max_floats, *buckets);
+  free(numel);
+  return 0;
+}
