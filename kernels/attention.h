@@ -46,30 +46,40 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 #define WINDOW_ATTENTION_CUDA_MAX_N 64
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
 
-// out (BW, N, C), att (BW, heads, N, N), qkv (BW, N, 3C), table (rows, heads), index (N, N),
-// mask (nW, N, N) or NULL. Softmax with expf (the CPU uses its own fast_expf): results agree to
-// fp32 rounding, not bitwise.
+// What the forward saves for the backward, in floats: with bf16/f16 and head_dim 16/32/64,
+// N <= 64, the tensor-core kernels keep each query row's log-sum-exp (BW, heads, N) and recompute
+// the probabilities in the backward; otherwise the SIMT kernels keep them all (BW, heads, N, N).
+int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads);
+
+// out (BW, N, C), att (window_attention_saved_floats), qkv (BW, N, 3C), table (rows, heads),
+// index (N, N), mask (nW, N, N) or NULL. Softmax with expf (the CPU uses its own fast_expf):
+// results agree to rounding, not bitwise. The tensor-core path rounds P to the element type
+// before P v (as flash attention does).
 void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
                                    int nW, int N, int C, int heads, cudaStream_t stream);
 
-// Floats of scratch the backward needs: BW * heads * N * N (one dS per window and head).
-int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads);
+// Floats of scratch the backward needs: the SIMT path's dS of every (window, head)
+// (BW * heads * N * N, which may be att itself); the tensor-core path's per-block window sums of
+// dS (about 1024 * N * N).
+int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads);
 
 // dqkv (BW, N, 3C) overwritten; dtable (rows, heads) accumulated (+=); dout (BW, N, C),
-// qkv (BW, N, 3C), att (BW, heads, N, N) from the forward, index (N, N) as in the forward.
-// scratch: window_attention_backward_cuda_scratch(BW, N, heads) floats, overwritten. It may be
-// att itself (each block reads its P before writing its dS over it): att is then destroyed.
-// Otherwise scratch must not overlap att, nor ever dqkv, dtable, dout, qkv or index.
+// qkv (BW, N, 3C), att from the forward, table, index and mask as in the forward (the
+// tensor-core path recomputes the scores). scratch: window_attention_backward_cuda_scratch
+// floats, overwritten; NULL lets the SIMT path use att (which it then destroys). Otherwise
+// scratch must not overlap att, dqkv, dtable, dout, qkv or index.
 //
-// dtable is deterministic without atomics: dS of every (window, head) goes to scratch, a
-// second kernel sums it over windows per (h, i, j) in a fixed order (double accumulators, the
-// sums stored in fp32 over window 0's slot of scratch), and a third adds, per (table row, h),
-// the sums of all (i, j) with that index in a fixed order. Differences from the CPU: the
-// per-(h, i, j) sums are rounded to fp32 once before the per-row sum (CPU: double throughout).
+// dtable is deterministic without atomics: the window sums of dS go to scratch (SIMT: every
+// window's dS; tensor cores: each block sums a fixed, strided set of windows of one head), a
+// second kernel sums the rows of scratch per (h, i, j) in a fixed order (double accumulators,
+// stored in fp32 over row 0), and a third adds, per (table row, h), the sums of all (i, j) with
+// that index in a fixed order. Differences from the CPU: the per-(h, i, j) sums are rounded to
+// fp32 before the per-row sum (CPU: double throughout).
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
-                                    const void *qkv, const float *att, const int *index, int BW,
-                                    int N, int C, int heads, float *scratch, cudaStream_t stream);
+                                    const void *qkv, float *att, const float *table,
+                                    const int *index, const float *mask, int BW, int nW, int N,
+                                    int C, int heads, float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -75,3 +75,9 @@ void backend_describe(const Backend *be, char *buf, size_t size) {
 #endif
   snprintf(buf, size, "cpu, %s", prec);
 }
+
+const char *op_family_name(OpFamily f) {
+  static const char *names[OP_FAMILIES] = {
+      "GEMMs (cuBLASLt)", "attention", "LayerNorm", "elementwise", "loss", "optimizer", "memory"};
+  return f >= 0 && f < OP_FAMILIES ? names[f] : "?";
+}

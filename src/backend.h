@@ -42,6 +42,21 @@ typedef struct {
   int64_t top1, top5, count;
 } EvalSums;
 
+// Op families of the benchmark's per-op table (GPU time per family as a share of the step).
+// Window partition and reverse have no row: they are folded into the LayerNorm kernels.
+typedef enum {
+  OP_GEMM,         // linear layers and the head (cuBLASLt), their bias gradients
+  OP_ATTENTION,    // window attention, forward and backward
+  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm
+  OP_ELEMENTWISE,  // GELU, patch-embedding input, drop path, mean pool, compute copy
+  OP_LOSS,         // cross-entropy, metrics
+  OP_OPTIMIZER,    // gradient norm, AdamW
+  OP_MEMORY,       // zeroing, device copies
+  OP_FAMILIES
+} OpFamily;
+
+const char *op_family_name(OpFamily f);
+
 // Scratch sizes a backend needs, given by the model once it knows its shapes.
 typedef struct {
   int64_t max_elements;  // largest (rows x width) operand of a LayerNorm or merge op
@@ -124,7 +139,7 @@ typedef struct {
   // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
   // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
   // may overwrite it.
-  int64_t (*attention_saved_floats)(int BW, int heads, int N);
+  int64_t (*attention_saved_floats)(Backend *be, int BW, int N, int C, int heads);
   void (*attention_forward)(Backend *be, void *out, float *saved, const void *qkv,
                             const float *table, const int *index, const float *mask, int BW, int nW,
                             int N, int C, int heads);
@@ -162,6 +177,13 @@ typedef struct {
   void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
                          OptimizerStep hyper, OptimState *state);
+
+  // ---- profiling (benchmarks) ----
+  // While on, each op's GPU time is measured (events around it) and added to its family;
+  // profile_report waits for the queue, writes the milliseconds per family since the last report
+  // and clears them. The CPU backend measures nothing (zeros).
+  void (*profile)(Backend *be, bool on);
+  void (*profile_report)(Backend *be, double *ms /* OP_FAMILIES */);
 } BackendOps;
 
 struct Backend {
@@ -169,6 +191,7 @@ struct Backend {
   Device device;
   DType act;            // compute type of activations and of the weights the GEMMs read
   size_t bytes_in_use;  // backend memory handed out by ops->alloc
+  int64_t host_waits;   // times the host waited for the backend (download, synchronize)
   void *impl;           // the backend's private state
 };
 

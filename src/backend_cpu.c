@@ -64,13 +64,18 @@ static void cpu_copy(Backend *be, void *dst, const void *src, size_t bytes) {
   if (dst != src) memcpy(dst, src, bytes);
 }
 
+static void cpu_download(Backend *be, void *dst, const void *src, size_t bytes) {
+  be->host_waits++;
+  cpu_copy(be, dst, src, bytes);
+}
+
 static void cpu_zero(Backend *be, void *ptr, size_t bytes) {
   (void)be;
   memset(ptr, 0, bytes);
 }
 
-static void cpu_nothing(Backend *be) {
-  (void)be;
+static void cpu_synchronize(Backend *be) {
+  be->host_waits++;
 }
 
 static void cpu_reserve(Backend *be, const BackendNeeds *needs) {
@@ -180,7 +185,9 @@ static void cpu_merge_layernorm_backward(Backend *be, float *dtokens, float *dwe
 }
 
 // The CPU keeps the softmax probabilities (BW, heads, N, N).
-static int64_t cpu_attention_saved_floats(int BW, int heads, int N) {
+static int64_t cpu_attention_saved_floats(Backend *be, int BW, int N, int C, int heads) {
+  (void)be;
+  (void)C;
   return (int64_t)BW * heads * N * N;
 }
 
@@ -270,6 +277,16 @@ static void cpu_optimizer_step(Backend *be, float *params, void *compute, const 
   }
 }
 
+static void cpu_profile(Backend *be, bool on) {
+  (void)be;
+  (void)on;
+}
+
+static void cpu_profile_report(Backend *be, double *ms) {
+  (void)be;
+  for (int f = 0; f < OP_FAMILIES; f++) ms[f] = 0;
+}
+
 static const BackendOps cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -277,9 +294,9 @@ static const BackendOps cpu_ops = {
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_host_release,
     .upload = cpu_copy,
-    .download = cpu_copy,
+    .download = cpu_download,
     .zero = cpu_zero,
-    .synchronize = cpu_nothing,
+    .synchronize = cpu_synchronize,
     .reserve = cpu_reserve,
     .stage_upload = cpu_stage_upload,
     .stage_consume = cpu_stage_nothing,
@@ -302,6 +319,8 @@ static const BackendOps cpu_ops = {
     .train_loss = cpu_train_loss,
     .eval_metrics = cpu_eval_metrics,
     .optimizer_step = cpu_optimizer_step,
+    .profile = cpu_profile,
+    .profile_report = cpu_profile_report,
 };
 
 int backend_cpu_init(Backend *be, DType act, Error *err) {

@@ -33,7 +33,16 @@ struct CudaState {
   int64_t scratch_floats;
   float *row_losses;  // (max_batch)
   int max_batch;
+  // Profiling: a pair of events around each op while on; collected when the pool is full or
+  // at a report.
+  bool profiling;
+  cudaEvent_t *marks;     // (2 * kMaxMarks)
+  int mark_family[1024];  // kMaxMarks
+  int num_marks;
+  double ms[OP_FAMILIES];
 };
+
+constexpr int kMaxMarks = 1024;
 
 CudaState *state_of(Backend *be) {
   return static_cast<CudaState *>(be->impl);
@@ -47,6 +56,60 @@ float *scratch_of(Backend *be, int64_t n) {
     abort();
   }
   return st->scratch;
+}
+
+// ---- profiling --------------------------------------------------------------------------------
+
+// Adds up the measured pairs (waits for the compute stream).
+void collect_marks(CudaState *st) {
+  CUDA_CHECK(cudaStreamSynchronize(st->compute));
+  for (int i = 0; i < st->num_marks; i++) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, st->marks[2 * i], st->marks[2 * i + 1]));
+    st->ms[st->mark_family[i]] += ms;
+  }
+  st->num_marks = 0;
+}
+
+// The GPU time of the ops queued in its lifetime goes to one family (when profiling is on).
+class OpScope {
+ public:
+  OpScope(Backend *be, OpFamily family) : st_(state_of(be)) {
+    if (!st_->profiling) return;
+    if (st_->num_marks == kMaxMarks) collect_marks(st_);
+    index_ = st_->num_marks++;
+    st_->mark_family[index_] = family;
+    CUDA_CHECK(cudaEventRecord(st_->marks[2 * index_], st_->compute));
+  }
+  ~OpScope() {
+    if (index_ >= 0) CUDA_CHECK(cudaEventRecord(st_->marks[2 * index_ + 1], st_->compute));
+  }
+  OpScope(const OpScope &) = delete;
+  OpScope &operator=(const OpScope &) = delete;
+
+ private:
+  CudaState *st_;
+  int index_ = -1;
+};
+
+void cuda_profile(Backend *be, bool on) {
+  CudaState *st = state_of(be);
+  if (on && !st->marks) {
+    st->marks = static_cast<cudaEvent_t *>(calloc(2 * kMaxMarks, sizeof(cudaEvent_t)));
+    if (!st->marks) abort();
+    for (int i = 0; i < 2 * kMaxMarks; i++) CUDA_CHECK(cudaEventCreate(&st->marks[i]));
+  }
+  if (!on && st->profiling) collect_marks(st);
+  st->profiling = on;
+}
+
+void cuda_profile_report(Backend *be, double *ms) {
+  CudaState *st = state_of(be);
+  collect_marks(st);
+  for (int f = 0; f < OP_FAMILIES; f++) {
+    ms[f] = st->ms[f];
+    st->ms[f] = 0;
+  }
 }
 
 // ---- memory ---------------------------------------------------------------------------------
@@ -94,25 +157,31 @@ void cuda_upload(Backend *be, void *dst, const void *src, size_t bytes) {
 
 void cuda_download(Backend *be, void *dst, const void *src, size_t bytes) {
   CudaState *st = state_of(be);
+  be->host_waits++;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->compute));
   CUDA_CHECK(cudaStreamSynchronize(st->compute));
 }
 
 void cuda_zero(Backend *be, void *ptr, size_t bytes) {
+  OpScope scope(be, OP_MEMORY);
   CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, state_of(be)->compute));
 }
 
 void cuda_synchronize(Backend *be) {
+  be->host_waits++;
   CUDA_CHECK(cudaStreamSynchronize(state_of(be)->compute));
 }
 
 void cuda_reserve(Backend *be, const BackendNeeds *n) {
   CudaState *st = state_of(be);
   // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 2C
-  // partials (kernels/cuda/layernorm.cu); a bias gradient at most max(32768, OC) partials
-  // (kernels/cuda/gemm.cu), plus, for the head, d(pooled); the optimizer its own.
+  // partials (kernels/cuda/layernorm.cu); the attention backward (kernels/cuda/attention.cu); a
+  // bias gradient at most max(32768, OC) partials (kernels/cuda/gemm.cu), plus, for the head,
+  // d(pooled); the optimizer its own.
   int64_t need = 2048 * (int64_t)n->max_width;
-  int64_t k = 64 + 32768 + n->max_width + (int64_t)n->max_batch * n->max_width;
+  int64_t k = 1024 * 64 * 64;  // the tensor-core attention backward's per-block dS sums (at most)
+  if (k > need) need = k;
+  k = 64 + 32768 + n->max_width + (int64_t)n->max_batch * n->max_width;
   if (k > need) need = k;
   k = optimizer_step_cuda_scratch(n->num_params);
   if (k > need) need = k;
@@ -166,6 +235,7 @@ void cuda_stage_wait(Backend *be, int slot) {
 // ---- model ops --------------------------------------------------------------------------------
 
 void cuda_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
+  OpScope scope(be, OP_ELEMENTWISE);
   if (be->act == DTYPE_F32) {
     if (dst != src)
       CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice,
@@ -177,23 +247,28 @@ void cuda_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
 
 void cuda_patch_embed_input(Backend *be, void *patches, const void *input, DType input_dtype,
                             Normalize norm, int B, int H, int W, int Cin, int p) {
+  OpScope scope(be, OP_ELEMENTWISE);
   patch_embed_input_cuda(be->act, patches, input, input_dtype, norm.mean, norm.std, B, H, W, Cin, p,
                          state_of(be)->compute);
 }
 
 void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
                            uint64_t seed, int64_t step) {
+  OpScope scope(be, OP_ELEMENTWISE);
   drop_path_scales_cuda(scales, rates, units, B, seed, step, state_of(be)->compute);
 }
 
 void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
   CudaState *st = state_of(be);
+  {
+    OpScope scope(be, OP_GEMM);
+    linear_forward_cuda(st->gemm, be->act, act == ACTIVATION_GELU ? pre : out, inp, weight, bias, N,
+                        IC, OC);
+  }
   if (act == ACTIVATION_GELU) {
-    linear_forward_cuda(st->gemm, be->act, pre, inp, weight, bias, N, IC, OC);
+    OpScope scope(be, OP_ELEMENTWISE);
     gelu_forward_cuda(be->act, out, pre, N * OC, st->compute);
-  } else {
-    linear_forward_cuda(st->gemm, be->act, out, inp, weight, bias, N, IC, OC);
   }
 }
 
@@ -202,9 +277,15 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
                           const void *gelu_pre) {
   CudaState *st = state_of(be);
   float *scratch = dbias ? scratch_of(be, linear_backward_cuda_scratch(N, OC)) : nullptr;
-  linear_backward_cuda(st->gemm, be->act, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
-                       scratch);
-  if (dinp && gelu_pre) gelu_backward_cuda(be->act, dinp, gelu_pre, dinp, N * IC, st->compute);
+  {
+    OpScope scope(be, OP_GEMM);
+    linear_backward_cuda(st->gemm, be->act, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
+                         scratch);
+  }
+  if (dinp && gelu_pre) {
+    OpScope scope(be, OP_ELEMENTWISE);
+    gelu_backward_cuda(be->act, dinp, gelu_pre, dinp, N * IC, st->compute);
+  }
 }
 
 void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
@@ -212,6 +293,7 @@ void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, flo
                                      const WindowMap *branch_map, const float *scale,
                                      const float *weight, const float *bias,
                                      const WindowMap *ln_map, int B, int64_t L, int C) {
+  OpScope scope(be, OP_LAYERNORM);
   residual_layernorm_forward_cuda(be->act, x_out, ln_out, mean, rstd, x_in, branch, branch_map,
                                   scale, weight, bias, ln_map, B, L, C, state_of(be)->compute);
 }
@@ -222,6 +304,7 @@ void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranc
                                       const float *rstd, const WindowMap *branch_map,
                                       const float *scale, const WindowMap *ln_map, int B, int64_t L,
                                       int C) {
+  OpScope scope(be, OP_LAYERNORM);
   float *scratch =
       dln ? scratch_of(be, residual_layernorm_backward_cuda_scratch((int64_t)B * L, C)) : nullptr;
   residual_layernorm_backward_cuda(be->act, dres_out, dbranch, dweight, dbias, dres_in, dln, x,
@@ -232,6 +315,7 @@ void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranc
 void cuda_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
                                   const void *tokens, const float *weight, const float *bias, int B,
                                   int H, int W, int C) {
+  OpScope scope(be, OP_LAYERNORM);
   merge_layernorm_forward_cuda(be->act, out, mean, rstd, tokens, weight, bias, B, H, W, C,
                                state_of(be)->compute);
 }
@@ -240,38 +324,43 @@ void cuda_merge_layernorm_backward(Backend *be, float *dtokens, float *dweight, 
                                    const void *dout, const void *tokens, const float *weight,
                                    const float *mean, const float *rstd, int B, int H, int W,
                                    int C) {
+  OpScope scope(be, OP_LAYERNORM);
   float *scratch = scratch_of(be, merge_layernorm_backward_cuda_scratch(B, H, W, C));
   merge_layernorm_backward_cuda(be->act, dtokens, dweight, dbias, dout, tokens, weight, mean, rstd,
                                 B, H, W, C, scratch, state_of(be)->compute);
 }
 
-// The CUDA backend keeps the softmax probabilities (BW, heads, N, N) in f32, and its backward
-// reuses them as its dS scratch.
-int64_t cuda_attention_saved_floats(int BW, int heads, int N) {
-  return (int64_t)BW * heads * N * N;
+int64_t cuda_attention_saved_floats(Backend *be, int BW, int N, int C, int heads) {
+  return window_attention_saved_floats(be->act, BW, N, C, heads);
 }
 
 void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qkv,
                             const float *table, const int *index, const float *mask, int BW, int nW,
                             int N, int C, int heads) {
+  OpScope scope(be, OP_ATTENTION);
   window_attention_forward_cuda(be->act, out, saved, qkv, table, index, mask, BW, nW, N, C, heads,
                                 state_of(be)->compute);
 }
 
+// With f32 the backward's dS scratch is the saved probabilities; with bf16/f16 it is backend
+// scratch.
 void cuda_attention_backward(Backend *be, void *dqkv, float *dtable, const void *dout,
                              const void *qkv, const float *table, const int *index,
                              const float *mask, float *saved, int BW, int nW, int N, int C,
                              int heads) {
-  (void)table;
-  (void)mask;
-  (void)nW;
-  window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, index, BW, N, C, heads,
-                                 saved, state_of(be)->compute);
+  OpScope scope(be, OP_ATTENTION);
+  int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
+  float *scratch = need == window_attention_saved_floats(be->act, BW, N, C, heads)
+                       ? nullptr
+                       : scratch_of(be, need);
+  window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, table, index, mask, BW,
+                                 nW, N, C, heads, scratch, state_of(be)->compute);
 }
 
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,
                        const float *weight, const float *bias, int B, int L, int C, int K) {
   CudaState *st = state_of(be);
+  OpScope scope(be, OP_GEMM);
   mean_pool_forward_cuda(be->act, pooled, tokens, B, L, C, st->compute);
   linear_forward_cuda(st->gemm, DTYPE_F32, logits, pooled, weight, bias, B, C, K);
 }
@@ -280,6 +369,7 @@ void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias
                         const float *dlogits, const float *pooled, const float *weight, int B,
                         int L, int C, int K) {
   CudaState *st = state_of(be);
+  OpScope scope(be, OP_GEMM);
   // d(pooled) lives past the dbias partials in scratch: both are needed by this op alone.
   int64_t offset = (linear_backward_cuda_scratch(B, K) + 63) & ~(int64_t)63;
   float *scratch = scratch_of(be, offset + (int64_t)B * C);
@@ -293,6 +383,7 @@ void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias
 
 void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
                      float smoothing, int B, int K, OptimState *state) {
+  OpScope scope(be, OP_LOSS);
   CudaState *st = state_of(be);
   check_batch(be, "train_loss", B);
   cross_entropy_forward_backward_cuda(st->row_losses, dlogits, logits, labels, nullptr, smoothing,
@@ -303,6 +394,7 @@ void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int
 
 void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
                        int K) {
+  OpScope scope(be, OP_LOSS);
   CudaState *st = state_of(be);
   check_batch(be, "eval_metrics", B);
   cross_entropy_forward_backward_cuda(st->row_losses, nullptr, logits, labels, nullptr, 0.0f,
@@ -315,6 +407,7 @@ void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const i
 void cuda_optimizer_step(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
                          OptimizerStep hyper, OptimState *state) {
+  OpScope scope(be, OP_OPTIMIZER);
   optimizer_step_cuda(be->act, params, compute, grads, m, v, n, chunks, num_chunks, hyper, state,
                       scratch_of(be, optimizer_step_cuda_scratch(n)), state_of(be)->compute);
 }
@@ -351,6 +444,8 @@ const BackendOps cuda_ops = {
     .train_loss = cuda_train_loss,
     .eval_metrics = cuda_eval_metrics,
     .optimizer_step = cuda_optimizer_step,
+    .profile = cuda_profile,
+    .profile_report = cuda_profile_report,
 };
 
 }  // namespace
@@ -401,6 +496,10 @@ void backend_cuda_destroy(Backend *be) {
   gemm_context_destroy(st->gemm);
   cudaFree(st->scratch);
   cudaFree(st->row_losses);
+  if (st->marks) {
+    for (int i = 0; i < 2 * kMaxMarks; i++) cudaEventDestroy(st->marks[i]);
+    free(st->marks);
+  }
   for (int i = 0; i < kSlots; i++) {
     cudaEventDestroy(st->uploaded[i]);
     cudaEventDestroy(st->released[i]);

@@ -102,6 +102,10 @@ static const ConfigKey config_keys[] = {
      "compute type of activations and GEMM weights: fp32, bf16 or fp16 (cuda only; fp32 master "
      "weights and AdamW state either way; fp16 adds dynamic loss scaling)",
      TEXT(precision), .choices = "fp32|bf16|fp16"},
+    {"bench", KEY_BOOL, "false",
+     "benchmark instead of training: synthetic batches resident on the device, timed steps, "
+     "throughput, MFU, memory and the GPU time per op family (nothing is written)",
+     SCALAR(bench)},
 
     // [model]
     {"model.img_size", KEY_INT_PAIR, "224", "input image size: N (square) or H,W",
@@ -234,6 +238,12 @@ static const ConfigKey config_keys[] = {
      "how gradients travel in the all-reduce: fp32, or bf16 for half the bytes (GPU only: "
      "the CPU backend reduces in fp32)",
      TEXT(reduce_dtype), .choices = "fp32|bf16"},
+
+    // [bench]
+    {"bench.steps", KEY_INT, "50", "timed steps of the benchmark (in rounds of 10)",
+     SCALAR(bench_steps), .range = AT_LEAST(1)},
+    {"bench.warmup", KEY_INT, "10", "untimed steps before the benchmark measures",
+     SCALAR(bench_warmup), .range = AT_LEAST(0)},
 };
 
 #define NUM_KEYS ((int)(sizeof config_keys / sizeof config_keys[0]))

@@ -80,6 +80,11 @@ typedef struct {
   // [dist]
   float bucket_mb;       // gradient all-reduce bucket, MiB of fp32 gradients
   char reduce_dtype[8];  // "fp32" or "bf16": how gradients travel between GPUs
+
+  // [bench]
+  bool bench;        // benchmark mode (src/bench.c)
+  int bench_steps;   // timed steps
+  int bench_warmup;  // untimed steps first
 } Config;
 
 // Sets every key to its documented default.

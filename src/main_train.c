@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/bench.h"
 #include "src/config.h"
 #include "src/config_keys.h"
 #include "src/model.h"
@@ -11,6 +12,7 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: swin_train [--dry-run] CONFIG.ini [key=value ...]\n"
+          "       swin_train CONFIG.ini bench=1 [key=value ...]   (benchmark the training step)\n"
           "       swin_train --keys       (every config key with its default and meaning)\n"
           "  --dry-run   print the resolved config, the per-stage model table and the parameter\n"
           "              count, then exit\n"
@@ -59,6 +61,10 @@ int main(int argc, char **argv) {
     if (model_create(&m, &cfg, NULL, 0, &err) != 0) goto fail;
     model_print_summary(&m, stdout);
     model_destroy(&m);
+    return 0;
+  }
+  if (cfg.bench) {
+    if (bench_run(&cfg, &err) != 0) goto fail;
     return 0;
   }
   train_install_signal_handlers();

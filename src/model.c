@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/window.h"
+#include "src/nvtx.h"
 #include "src/rng.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ static void plan_activations(Model *m, Arena *a, int B) {
       b->ln1_rstd = arena_floats(a, BL);
       b->xw = arena_act(a, m, BL * C);
       b->qkv = arena_act(a, m, BL * 3 * C);
-      b->att = arena_floats(a, m->be->ops->attention_saved_floats(B * g->nW, g->heads, g->N));
+      b->att = arena_floats(a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
       b->attn_out = arena_act(a, m, BL * C);
       b->x1 = arena_act(a, m, BL * C);
       b->ln2_mean = arena_floats(a, BL);
@@ -468,8 +469,12 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
                       model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
 }
 
+static const char *const stage_names[CONFIG_MAX_STAGES] = {
+    "stage 0", "stage 1", "stage 2", "stage 3", "stage 4", "stage 5", "stage 6", "stage 7"};
+
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
                    bool train, uint64_t seed, int64_t step) {
+  NVTX_PUSH("forward");
   const Config *c = &m->cfg;
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
@@ -493,6 +498,7 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
                                   NULL, NULL, w->patch_norm_w, w->patch_norm_b, NULL, B, L0, E);
 
   for (int s = 0; s < m->num_stages; s++) {
+    NVTX_PUSH(stage_names[s]);
     const StageGeom *g = &m->stages[s];
     if (g->merge) {
       const StageGeom *p = &m->stages[s - 1];
@@ -515,12 +521,14 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
                                     x->norm_rstd, a->x1, x->branch, NULL,
                                     m->drop_path_active ? a->dp_mlp : NULL, w->norm_w, w->norm_b,
                                     NULL, B, (int64_t)g->H * g->W, g->C);
+    NVTX_POP();
   }
 
   // Head: mean over tokens, linear, in f32.
   const StageGeom *g = &m->stages[m->num_stages - 1];
   ops->head_forward(be, x->logits, x->pooled, x->norm_out, w->head_w, w->head_b, B, g->H * g->W,
                     g->C, c->num_classes);
+  NVTX_POP();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,6 +587,7 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
 }
 
 void model_backward(Model *m, int B) {
+  NVTX_PUSH("backward");
   const Config *c = &m->cfg;
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
@@ -592,6 +601,7 @@ void model_backward(Model *m, int B) {
                      last->H * last->W, last->C, c->num_classes);
 
   for (int s = m->num_stages - 1; s >= 0; s--) {
+    NVTX_PUSH(stage_names[s]);
     const StageGeom *g = &m->stages[s];
     int64_t L = (int64_t)g->H * g->W;
     // The last block's MLP residual (with the final norm in the last stage): dres = d(x1),
@@ -618,6 +628,7 @@ void model_backward(Model *m, int B) {
                                     x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
                                     x->merge_rstd[s], B, p->H, p->W, p->C);
     }
+    NVTX_POP();
   }
 
   // Patch embedding: LayerNorm (d(pe) to dattn), linear (the image needs no gradient).
@@ -628,10 +639,25 @@ void model_backward(Model *m, int B) {
   ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
                        model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim,
                        NULL);
+  NVTX_POP();
 }
 
 void model_zero_grads(Model *m) {
   m->be->ops->zero(m->be, m->grads, sizeof(float) * (size_t)m->num_floats);
+}
+
+double model_train_flops(const Model *m, int B) {
+  const Config *c = &m->cfg;
+  double L0 = (double)m->Hp * m->Wp, macs = L0 * m->patch_dim * c->embed_dim;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    double L = (double)g->H * g->W, C = g->C, H = g->hidden;
+    if (g->merge) macs += L * 2 * C * C;  // 4 C_{s-1} = 2 C inputs, C outputs
+    // qkv, q k^T and P v (N keys for each of the L queries, over C channels), proj, fc1, fc2
+    macs += g->depth * (L * C * 3 * C + 2 * L * g->N * C + L * C * C + 2 * L * C * H);
+  }
+  macs += (double)m->stages[m->num_stages - 1].C * c->num_classes;
+  return 2.0 * 3.0 * macs * B;
 }
 
 int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {

@@ -164,6 +164,12 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
 void model_backward(Model *m, int B);
 void model_zero_grads(Model *m);
 
+// Floating-point operations of one training step (forward + backward) on B images, counting
+// the matrix products only (linear layers, q k^T and P v): 2 per multiply-add, and the backward
+// as twice the forward (the input and the weight gradient of every product). Elementwise work,
+// LayerNorm and softmax are not counted. The basis of the benchmark's MFU.
+double model_train_flops(const Model *m, int B);
+
 // The AdamW chunk table (optim/optimizer.h): every tensor cut into pieces of at most
 // MODEL_ADAMW_CHUNK elements, with weight_decay where ParamInfo.decay and 0 elsewhere. Returns
 // the number of chunks; chunks NULL only counts.

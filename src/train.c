@@ -20,6 +20,7 @@
 #include "src/backend.h"
 #include "src/checkpoint.h"
 #include "src/import.h"
+#include "src/learner.h"
 #include "src/model.h"
 
 // The one piece of process-wide state: a signal handler can only talk to the loop through a
@@ -50,11 +51,7 @@ typedef struct {
   Backend be;
   Normalize norm;  // per input channel (data.mean/std given once apply to all)
   Model model;
-  float *exp_avg, *exp_avg_sq;            // AdamW moments in backend memory (num_floats each)
-  float *host_exp_avg, *host_exp_avg_sq;  // their host copies for checkpoints (the same on the CPU)
-  AdamWChunk *chunks;                     // backend memory
-  int num_chunks;
-  OptimState *opt;      // backend memory
+  Optimizer opt;
   EvalSums *eval_sums;  // backend memory
   uint8_t *pixels[4];   // batch slots (max_batch, H, W, Cin) in backend memory
   int *labels[4];       // (max_batch)
@@ -158,35 +155,23 @@ static void upload_optim_state(Trainer *t) {
                   .skipped = t->state.skipped,
                   .loss_scale = (float)t->state.loss_scale,
                   .good_steps = t->state.scale_good_steps};
-  t->be.ops->upload(&t->be, t->opt, &s, sizeof s);
+  t->be.ops->upload(&t->be, t->opt.state, &s, sizeof s);
   t->skipped_seen = t->state.skipped;
 }
 
 // Reads the device-side state (waits for the queued steps) and clears the loss window.
 static OptimState read_optim_state(Trainer *t) {
   OptimState s;
-  t->be.ops->download(&t->be, &s, t->opt, sizeof s);
+  t->be.ops->download(&t->be, &s, t->opt.state, sizeof s);
   OptimState cleared = s;
   cleared.loss_sum = 0;
   cleared.loss_steps = 0;
   cleared.bad_losses = 0;
-  t->be.ops->upload(&t->be, t->opt, &cleared, sizeof cleared);
+  t->be.ops->upload(&t->be, t->opt.state, &cleared, sizeof cleared);
   t->state.loss_scale = s.loss_scale;
   t->state.scale_good_steps = s.good_steps;
   t->state.skipped = s.skipped;
   return s;
-}
-
-static void upload_moments(Trainer *t) {
-  size_t bytes = sizeof(float) * (size_t)t->model.num_floats;
-  t->be.ops->upload(&t->be, t->exp_avg, t->host_exp_avg, bytes);
-  t->be.ops->upload(&t->be, t->exp_avg_sq, t->host_exp_avg_sq, bytes);
-}
-
-static void download_moments(Trainer *t) {
-  size_t bytes = sizeof(float) * (size_t)t->model.num_floats;
-  t->be.ops->download(&t->be, t->host_exp_avg, t->exp_avg, bytes);
-  t->be.ops->download(&t->be, t->host_exp_avg_sq, t->exp_avg_sq, bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -220,7 +205,8 @@ static int make_run_dir(const char *dir, Error *err) {
 }
 
 static int load_checkpoint(Trainer *t, const char *path, Error *err) {
-  return checkpoint_load(path, &t->model, t->host_exp_avg, t->host_exp_avg_sq, &t->state, err);
+  return checkpoint_load(path, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq, &t->state,
+                         err);
 }
 
 // resume=auto takes the newest checkpoint that loads; broken newer ones are reported and skipped.
@@ -334,19 +320,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   model_print_summary(m, stdout);
 
   // Optimizer: moments, chunk table and state in backend memory; host copies for checkpoints.
-  size_t bytes = sizeof(float) * (size_t)m->num_floats;
-  t->exp_avg = be->ops->alloc(be, bytes);
-  t->exp_avg_sq = be->ops->alloc(be, bytes);
-  bool host_memory = be->device == DEVICE_CPU;
-  t->host_exp_avg = host_memory ? t->exp_avg : calloc_check(1, bytes);
-  t->host_exp_avg_sq = host_memory ? t->exp_avg_sq : calloc_check(1, bytes);
-  t->num_chunks = model_adamw_chunks(m, cfg->weight_decay, NULL);
-  AdamWChunk *chunks = malloc_check(sizeof(AdamWChunk) * (size_t)t->num_chunks);
-  model_adamw_chunks(m, cfg->weight_decay, chunks);
-  t->chunks = be->ops->alloc(be, sizeof(AdamWChunk) * (size_t)t->num_chunks);
-  be->ops->upload(be, t->chunks, chunks, sizeof(AdamWChunk) * (size_t)t->num_chunks);
-  free(chunks);
-  t->opt = be->ops->alloc(be, sizeof(OptimState));
+  optimizer_create(&t->opt, m, cfg);
   t->eval_sums = be->ops->alloc(be, sizeof(EvalSums));
   size_t pixel_bytes = (size_t)max_batch * cfg->img_h * cfg->img_w * cfg->in_chans;
   for (int s = 0; s < 4; s++) {
@@ -365,9 +339,9 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
                      (unsigned long long)t->state.seed);
   settle_loss_scale(t);
   model_weights_to_backend(m);
-  if (!host_memory) upload_moments(t);
+  optimizer_upload_moments(&t->opt, m);
   upload_optim_state(t);
-  print_memory(t, 2 * bytes, 4 * (pixel_bytes + sizeof(int) * (size_t)max_batch));
+  print_memory(t, optimizer_bytes(&t->opt, m), 4 * (pixel_bytes + sizeof(int) * (size_t)max_batch));
 
   LoaderOptions opt = {.batch_size = cfg->batch_size,
                        .train = true,
@@ -411,12 +385,7 @@ static void trainer_teardown(Trainer *t) {
   if (t->metrics) fclose(t->metrics);
   if (be->ops) {
     be->ops->synchronize(be);
-    if (t->host_exp_avg != t->exp_avg) free(t->host_exp_avg);
-    if (t->host_exp_avg_sq != t->exp_avg_sq) free(t->host_exp_avg_sq);
-    be->ops->release(be, t->exp_avg);
-    be->ops->release(be, t->exp_avg_sq);
-    be->ops->release(be, t->chunks);
-    be->ops->release(be, t->opt);
+    if (t->opt.state) optimizer_destroy(&t->opt, be);
     be->ops->release(be, t->eval_sums);
     for (int s = 0; s < 4; s++) {
       be->ops->release(be, t->pixels[s]);
@@ -431,27 +400,11 @@ static void trainer_teardown(Trainer *t) {
 // The step: queued on the backend, nothing waits for it.
 
 static void train_step(Trainer *t, int slot, int B) {
-  const Config *cfg = t->cfg;
-  Model *m = &t->model;
   Backend *be = &t->be;
   int64_t step = t->state.step;
-
   be->ops->stage_consume(be, slot);
-  model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, B, true, cfg->seed, step);
-  be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, t->labels[slot], cfg->label_smoothing, B,
-                      cfg->num_classes, t->opt);
-  model_zero_grads(m);
-  model_backward(m, B);
-  OptimizerStep hyper = {.lr = (float)lr_at_step(&t->schedule, step),
-                         .beta1 = cfg->beta1,
-                         .beta2 = cfg->beta2,
-                         .eps = cfg->eps,
-                         .clip_grad = cfg->clip_grad,
-                         .dynamic_scale = is_fp16(t),
-                         .scale_window = cfg->loss_scale_window};
-  be->ops->optimizer_step(be, m->master, m->compute == (void *)m->master ? NULL : m->compute,
-                          m->grads, t->exp_avg, t->exp_avg_sq, m->num_floats, t->chunks,
-                          t->num_chunks, hyper, t->opt);
+  learner_step(&t->model, &t->opt, t->cfg, t->norm, t->pixels[slot], t->labels[slot], B, step,
+               (float)lr_at_step(&t->schedule, step));
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
 }
@@ -467,10 +420,10 @@ static void format_duration(char *buf, size_t size, double seconds) {
 static int save_checkpoint(Trainer *t, Error *err) {
   read_optim_state(t);
   model_weights_to_host(&t->model);
-  if (t->host_exp_avg != t->exp_avg) download_moments(t);
+  optimizer_download_moments(&t->opt, &t->model);
   char path[1024];
-  if (checkpoint_save(t->cfg->run_dir, &t->model, t->host_exp_avg, t->host_exp_avg_sq, &t->state,
-                      t->cfg->ckpt_keep, path, sizeof path, err) != 0)
+  if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
+                      &t->state, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
     return -1;
   printf("checkpoint: %s\n", path);
   fflush(stdout);

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "src/cuda_util.h"
 
@@ -298,7 +300,458 @@ void allow_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+// ---- tensor-core path (bf16 / f16) --------------------------------------------------------------
+// One (window, head) is at most 64 tokens: 4 warps each own 16 query rows of the 64-row padded
+// tile (the padding lives in shared memory and registers only, never in global memory). Products
+// are mma.sync.m16n8k16 with f32 accumulation. Fragment layouts (PTX ISA, m16n8k16, 16-bit A/B),
+// with g = lane / 4 and t = lane % 4:
+//   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B 16x8 (k x n): b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
+//   C 16x8: c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
+// Each 32-bit operand register holds two consecutive k, so every operand is read from a
+// shared-memory row in which k runs contiguously: Q, K, V, dO row-major (token, channel), and
+// transposed copies (channel, token) where a product runs over tokens. Rows are padded by 8
+// elements (16 bytes), which spreads the 8 row groups g of a warp over distinct banks.
+//
+// Forward (flash-style): S = q k^T * scale + bias + mask in registers, softmax in registers, the
+// row's log-sum-exp saved (N floats per window and head instead of N x N probabilities), then
+// O = P v with P rounded to the element type as the A operand. Backward recomputes S and P from q,
+// k and the saved log-sum-exp; dP = dO v^T; dS = P (dP - rowsum(P dP)); dq = dS k * scale from
+// registers; dk = dS^T q * scale and dv = P^T dO through transposed tiles of dS and P in shared
+// memory. The bias-table gradient needs dS summed over windows: each block takes a fixed,
+// strided set of windows of one head and sums their dS in registers (each (i, j) has one owner
+// thread), then the block totals are reduced in a fixed order as in the SIMT path.
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcRows = 64;              // padded tokens of a window
+constexpr int kTcLdT = kTcRows + 8;      // row length of the transposed (channel, token) tiles
+constexpr int kTcBackwardBlocks = 1024;  // about this many (head, window group) blocks
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two consecutive 16-bit elements of a shared-memory row (even index: 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ uint32_t ld2(const T *p) {
+  return *reinterpret_cast<const uint32_t *>(p);
+}
+
+// The A operand of rows r0.. of a row-major tile with row length ld, k from kk.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T *tile, int ld, int r0, int kk,
+                                       int g, int t) {
+  a[0] = ld2(tile + (r0 + g) * ld + kk + 2 * t);
+  a[1] = ld2(tile + (r0 + g + 8) * ld + kk + 2 * t);
+  a[2] = ld2(tile + (r0 + g) * ld + kk + 2 * t + 8);
+  a[3] = ld2(tile + (r0 + g + 8) * ld + kk + 2 * t + 8);
+}
+
+// The A operand from a 16 x 64 f32 accumulator tile held as 8 n-tiles (k-step q covers n-tiles
+// 2q and 2q + 1), rounded to T: the C layout of two n-tiles is the A layout of one k-step.
+template <typename T>
+__device__ __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&acc)[8][4], int q) {
+  a[0] = pack2<T>(acc[2 * q][0], acc[2 * q][1]);
+  a[1] = pack2<T>(acc[2 * q][2], acc[2 * q][3]);
+  a[2] = pack2<T>(acc[2 * q + 1][0], acc[2 * q + 1][1]);
+  a[3] = pack2<T>(acc[2 * q + 1][2], acc[2 * q + 1][3]);
+}
+
+// S (16 rows of this warp x 64 keys) = q k^T * scale + bias + mask for valid (i, j); -inf for
+// padded keys, 0 for padded rows (never stored).
+template <typename T, int HD>
+__device__ __forceinline__ void tc_scores(float (&S)[8][4], const T *Qs, const T *Ks, int ld,
+                                          int r0, int g, int t, int N, int heads, int h,
+                                          const float *__restrict__ table,
+                                          const int *__restrict__ index,
+                                          const float *__restrict__ mask_w, float scale) {
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) S[nt][c] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HD; kk += 16) {
+    uint32_t a[4];
+    load_a(a, Qs, ld, r0, kk, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      const T *krow = Ks + (nt * 8 + g) * ld + kk + 2 * t;
+      mma16816<T>(S[nt], a, ld2(krow), ld2(krow + 8));
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
+      float s;
+      if (j >= N)
+        s = -INFINITY;
+      else if (i >= N)
+        s = 0.0f;
+      else {
+        s = S[nt][c] * scale + table[index[i * N + j] * heads + h];
+        if (mask_w) s += mask_w[i * N + j];
+      }
+      S[nt][c] = s;
+    }
+}
+
+// Loads the (window b, head h) slices of q, k, v (and dO) into the padded tiles; rows >= N are
+// zero. Transposed copies where asked (non-null).
+template <typename T, int HD>
+__device__ __forceinline__ void tc_load(const T *__restrict__ qkv, const T *__restrict__ dout,
+                                        int64_t b, int h, int N, int C, T *Qs, T *Ks, T *Vs, T *dOs,
+                                        T *Qt, T *Kt, T *Vt, T *dOt, int ld) {
+  const T zero = from_float<T>(0.0f);
+  for (int e = threadIdx.x; e < kTcRows * HD; e += blockDim.x) {
+    int i = e / HD, d = e % HD;
+    T q = zero, k = zero, v = zero, o = zero;
+    if (i < N) {
+      const T *row = qkv + (b * N + i) * 3 * C + h * HD + d;
+      q = row[0];
+      k = row[C];
+      v = row[2 * C];
+      if (dout) o = dout[(b * N + i) * C + h * HD + d];
+    }
+    Qs[i * ld + d] = q;
+    Ks[i * ld + d] = k;
+    if (Vs) Vs[i * ld + d] = v;
+    if (dOs) dOs[i * ld + d] = o;
+    if (Qt) Qt[d * kTcLdT + i] = q;
+    if (Kt) Kt[d * kTcLdT + i] = k;
+    if (Vt) Vt[d * kTcLdT + i] = v;
+    if (dOt) dOt[d * kTcLdT + i] = o;
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kTcThreads)
+    window_attention_forward_tc_kernel(T *__restrict__ out, float *__restrict__ lse,
+                                       const T *__restrict__ qkv, const float *__restrict__ table,
+                                       const int *__restrict__ index,
+                                       const float *__restrict__ mask, int nW, int N, int C,
+                                       int heads, float scale) {
+  constexpr int ld = HD + 8;
+  extern __shared__ float4 attention_smem[];
+  T *Qs = reinterpret_cast<T *>(attention_smem);
+  T *Ks = Qs + kTcRows * ld;
+  T *Vt = Ks + kTcRows * ld;  // (HD, kTcLdT)
+  const int64_t p = blockIdx.x;
+  const int64_t b = p / heads;
+  const int h = (int)(p % heads);
+  tc_load<T, HD>(qkv, nullptr, b, h, N, C, Qs, Ks, nullptr, nullptr, nullptr, nullptr, Vt, nullptr,
+                 ld);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r0 = warp * 16;
+  const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
+  float S[8][4];
+  tc_scores<T, HD>(S, Qs, Ks, ld, r0, g, t, N, heads, h, table, index, mask_w, scale);
+
+  // Softmax over each row: a row's 64 values sit in the 4 threads of a quad.
+  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+    for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      S[nt][c] = expf(S[nt][c] - mx[c >> 1]);  // exp(-inf) = 0 for padded keys
+      sum[c >> 1] += S[nt][c];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+    for (int o = 1; o < 4; o <<= 1) sum[r] += __shfl_xor_sync(kFullMask, sum[r], o);
+  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) S[nt][c] *= inv[c >> 1];
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      int i = r0 + g + 8 * r;
+      if (i < N) lse[p * N + i] = mx[r] + logf(sum[r]);
+    }
+  }
+
+  // O = P v: 4 k-steps over the 64 keys, HD / 8 n-tiles of channels.
+  float O[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) O[nd][c] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    uint32_t a[4];
+    a_from_acc<T>(a, S, q);
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+      const T *vrow = Vt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
+      mma16816<T>(O[nd], a, ld2(vrow), ld2(vrow + 8));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int i = r0 + g + 8 * r;
+    if (i >= N) continue;
+    T *orow = out + (b * N + i) * C + h * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *reinterpret_cast<uint32_t *>(orow + nd * 8) = pack2<T>(O[nd][2 * r], O[nd][2 * r + 1]);
+  }
+}
+
+// Stores a 16-row accumulator tile (rows r0.. of this warp, HD channels) times `mul` into part
+// `part` (0 q, 1 k, 2 v) of dqkv, rows < N.
+template <typename T, int HD>
+__device__ __forceinline__ void tc_store_rows(T *__restrict__ dqkv, const float (&acc)[HD / 8][4],
+                                              int64_t b, int h, int N, int C, int part, int r0,
+                                              int g, int t, float mul) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int i = r0 + g + 8 * r;
+    if (i >= N) continue;
+    T *row = dqkv + (b * N + i) * 3 * C + part * C + h * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++)
+      *reinterpret_cast<uint32_t *>(row + nd * 8) =
+          pack2<T>(acc[nd][2 * r] * mul, acc[nd][2 * r + 1] * mul);
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kTcThreads)
+    window_attention_backward_tc_kernel(T *__restrict__ dqkv, float *__restrict__ ds_partial,
+                                        const T *__restrict__ dout, const T *__restrict__ qkv,
+                                        const float *__restrict__ lse,
+                                        const float *__restrict__ table,
+                                        const int *__restrict__ index,
+                                        const float *__restrict__ mask, int BW, int nW, int N,
+                                        int C, int heads, int groups, float scale) {
+  constexpr int ld = HD + 8;
+  extern __shared__ float4 attention_smem[];
+  T *Qs = reinterpret_cast<T *>(attention_smem);
+  T *Ks = Qs + kTcRows * ld;
+  T *Vs = Ks + kTcRows * ld;
+  T *dOs = Vs + kTcRows * ld;
+  T *Qt = dOs + kTcRows * ld;  // (HD, kTcLdT) each
+  T *Kt = Qt + HD * kTcLdT;
+  T *dOt = Kt + HD * kTcLdT;
+  T *Pt = dOt + HD * kTcLdT;  // (64, kTcLdT) each: P^T and dS^T
+  T *dSt = Pt + kTcRows * kTcLdT;
+  const int h = blockIdx.x % heads, group = blockIdx.x / heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r0 = warp * 16;
+
+  float dT[8][4];  // sum over this block's windows of dS at this thread's (i, j)
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) dT[nt][c] = 0.0f;
+
+  for (int64_t b = group; b < BW; b += groups) {
+    __syncthreads();  // the previous window's tiles are no longer read
+    tc_load<T, HD>(qkv, dout, b, h, N, C, Qs, Ks, Vs, dOs, Qt, Kt, nullptr, dOt, ld);
+    __syncthreads();
+    const int64_t p = b * heads + h;
+    const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
+
+    // P from the recomputed scores and the saved log-sum-exp (0 outside the N x N window).
+    float P[8][4];
+    tc_scores<T, HD>(P, Qs, Ks, ld, r0, g, t, N, heads, h, table, index, mask_w, scale);
+    float row_lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      int i = r0 + g + 8 * r;
+      row_lse[r] = i < N ? lse[p * N + i] : 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
+        P[nt][c] = i < N && j < N ? expf(P[nt][c] - row_lse[c >> 1]) : 0.0f;
+      }
+
+    // dP = dO v^T.
+    float dS[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) dS[nt][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD; kk += 16) {
+      uint32_t a[4];
+      load_a(a, dOs, ld, r0, kk, g, t);
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const T *vrow = Vs + (nt * 8 + g) * ld + kk + 2 * t;
+        mma16816<T>(dS[nt], a, ld2(vrow), ld2(vrow + 8));
+      }
+    }
+    // dS = P (dP - rowsum(P dP)).
+    float dot[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) dot[c >> 1] += P[nt][c] * dS[nt][c];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+      for (int o = 1; o < 4; o <<= 1) dot[r] += __shfl_xor_sync(kFullMask, dot[r], o);
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        dS[nt][c] = P[nt][c] * (dS[nt][c] - dot[c >> 1]);
+        dT[nt][c] += dS[nt][c];
+        int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
+        Pt[j * kTcLdT + i] = from_float<T>(P[nt][c]);
+        dSt[j * kTcLdT + i] = from_float<T>(dS[nt][c]);
+      }
+
+    // dq = dS k * scale, from registers.
+    {
+      float acc[HD / 8][4];
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; nd++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[nd][c] = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        uint32_t a[4];
+        a_from_acc<T>(a, dS, q);
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++) {
+          const T *krow = Kt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
+          mma16816<T>(acc[nd], a, ld2(krow), ld2(krow + 8));
+        }
+      }
+      tc_store_rows<T, HD>(dqkv, acc, b, h, N, C, 0, r0, g, t, scale);
+    }
+    __syncthreads();  // P^T and dS^T complete
+
+    // dk = dS^T q * scale and dv = P^T dO, for the 16 keys r0.. of this warp.
+    {
+      float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; nd++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dk[nd][c] = dv[nd][c] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kTcRows; kk += 16) {
+        uint32_t as[4], ap[4];
+        load_a(as, dSt, kTcLdT, r0, kk, g, t);
+        load_a(ap, Pt, kTcLdT, r0, kk, g, t);
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++) {
+          const T *qrow = Qt + (nd * 8 + g) * kTcLdT + kk + 2 * t;
+          const T *orow = dOt + (nd * 8 + g) * kTcLdT + kk + 2 * t;
+          mma16816<T>(dk[nd], as, ld2(qrow), ld2(qrow + 8));
+          mma16816<T>(dv[nd], ap, ld2(orow), ld2(orow + 8));
+        }
+      }
+      tc_store_rows<T, HD>(dqkv, dk, b, h, N, C, 1, r0, g, t, scale);
+      tc_store_rows<T, HD>(dqkv, dv, b, h, N, C, 2, r0, g, t, 1.0f);
+    }
+  }
+
+  // This block's window sum of dS, at (group, h, i, j) of ds_partial (groups, heads, N, N).
+  float *part = ds_partial + ((int64_t)group * heads + h) * N * N;
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
+      if (i < N && j < N) part[i * N + j] = dT[nt][c];
+    }
+}
+
+size_t tc_forward_smem(int hd) {
+  return sizeof(uint16_t) * ((size_t)2 * kTcRows * (hd + 8) + (size_t)hd * kTcLdT);
+}
+size_t tc_backward_smem(int hd) {
+  return sizeof(uint16_t) *
+         ((size_t)4 * kTcRows * (hd + 8) + (size_t)3 * hd * kTcLdT + (size_t)2 * kTcRows * kTcLdT);
+}
+
+// The backward's (head, window group) split: a function of the shapes only.
+int tc_backward_groups(int BW, int heads) {
+  int groups = kTcBackwardBlocks / heads;
+  if (groups < 1) groups = 1;
+  return groups < BW ? groups : BW;
+}
+
+// Runs F<HD> for the head widths the tensor-core kernels are built for.
+template <typename F>
+void with_head_dim(int hd, F f) {
+  switch (hd) {
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    default:
+      fprintf(stderr, "window attention: no tensor-core kernel for head_dim %d\n", hd);
+      abort();
+  }
+}
+
 }  // namespace
+
+// The tensor-core kernels serve bf16 and f16 with head_dim 16, 32 or 64 and windows of at most
+// 64 tokens (Swin: 49 tokens, head_dim 32); everything else takes the SIMT kernels.
+static bool use_tensor_cores(DType dt, int N, int hd) {
+  return dt != DTYPE_F32 && N <= kTcRows && (hd == 16 || hd == 32 || hd == 64);
+}
+
+int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads) {
+  int hd = heads > 0 ? C / heads : 0;
+  if (use_tensor_cores(dt, N, hd)) return (int64_t)BW * heads * N;  // log-sum-exp per row
+  return (int64_t)BW * heads * N * N;                               // the probabilities
+}
 
 void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
@@ -311,6 +764,22 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   }
   if (BW == 0) return;
   int hd = C / heads;
+  if (use_tensor_cores(dt, N, hd)) {
+    size_t smem = tc_forward_smem(hd);
+    SWIN_DISPATCH(dt, T, {
+      if constexpr (sizeof(T) == 2) {
+        with_head_dim(hd, [&](auto HD) {
+          auto kernel = window_attention_forward_tc_kernel<T, decltype(HD)::value>;
+          allow_smem(kernel, smem);
+          kernel<<<(unsigned)((int64_t)BW * heads), kTcThreads, smem, stream>>>(
+              static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, nW, N, C,
+              heads, attention_scale(hd));
+        });
+      }
+    });
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   size_t smem = forward_smem_bytes(N, hd);
   SWIN_DISPATCH(dt, T, {
     auto kernel = window_attention_forward_kernel<T>;
@@ -322,30 +791,56 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   CUDA_CHECK_LAUNCH();
 }
 
-int64_t window_attention_backward_cuda_scratch(int BW, int N, int heads) {
+int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads) {
+  int hd = heads > 0 ? C / heads : 0;
+  if (use_tensor_cores(dt, N, hd)) return (int64_t)tc_backward_groups(BW, heads) * heads * N * N;
   return (int64_t)BW * heads * N * N;
 }
 
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
-                                    const void *qkv, const float *att, const int *index, int BW,
-                                    int N, int C, int heads, float *scratch, cudaStream_t stream) {
+                                    const void *qkv, float *att, const float *table,
+                                    const int *index, const float *mask, int BW, int nW, int N,
+                                    int C, int heads, float *scratch, cudaStream_t stream) {
   check_limits("window_attention_backward_cuda", BW, N, C, heads);
   if (BW == 0) return;
   int hd = C / heads;
-  size_t smem = backward_smem_bytes(N, hd);
-  SWIN_DISPATCH(dt, T, {
-    auto kernel = window_attention_backward_kernel<T>;
-    allow_smem(kernel, smem);
-    kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
-        static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout), static_cast<const T *>(qkv),
-        att, N, C, heads, attention_scale(hd));
-  });
+  bool tc = use_tensor_cores(dt, N, hd);
+  if (!scratch) scratch = att;  // the SIMT path may overwrite the probabilities
+  // Partial window sums of dS: (rows, E) with E = heads * N * N.
+  int64_t rows = BW;
+  if (tc) {
+    int groups = tc_backward_groups(BW, heads);
+    rows = groups;
+    size_t smem = tc_backward_smem(hd);
+    SWIN_DISPATCH(dt, T, {
+      if constexpr (sizeof(T) == 2) {
+        with_head_dim(hd, [&](auto HD) {
+          auto kernel = window_attention_backward_tc_kernel<T, decltype(HD)::value>;
+          allow_smem(kernel, smem);
+          kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
+              static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout),
+              static_cast<const T *>(qkv), att, table, index, mask, BW, nW, N, C, heads, groups,
+              attention_scale(hd));
+        });
+      }
+    });
+  } else {
+    size_t smem = backward_smem_bytes(N, hd);
+    SWIN_DISPATCH(dt, T, {
+      auto kernel = window_attention_backward_kernel<T>;
+      allow_smem(kernel, smem);
+      kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
+          static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout),
+          static_cast<const T *>(qkv), att, N, C, heads, attention_scale(hd));
+    });
+  }
   CUDA_CHECK_LAUNCH();
 
-  // Window sums of dS per (h, i, j): 32 elements per block.
+  // Sums of dS over the rows (windows, or the tensor-core path's window groups) per (h, i, j):
+  // 32 elements per block.
   int64_t E = (int64_t)heads * N * N;
   unsigned sum_blocks = (unsigned)((E + 31) / 32);
-  attention_ds_window_sum_kernel<<<sum_blocks, dim3(32, kSumRows), 0, stream>>>(scratch, BW, E);
+  attention_ds_window_sum_kernel<<<sum_blocks, dim3(32, kSumRows), 0, stream>>>(scratch, rows, E);
   CUDA_CHECK_LAUNCH();
 
   // One warp per (table row, head) up to the row bound.

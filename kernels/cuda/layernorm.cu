@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/layernorm.h"
@@ -402,6 +404,258 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
   store_block_partial(partial, acc_all, C4);
 }
 
+// ---- register-resident rows --------------------------------------------------------------
+// The fast path for 16-byte-aligned rows: a row is read from global memory once into registers
+// (MAXV vectors of VEC elements per lane) and written once. A row gets LANES lanes (a power of
+// two up to 32), so short rows (C = 96 in bf16: 12 vectors) share a warp two or four to a warp;
+// row reductions are butterflies within those lanes. Vector k of lane l covers elements
+// ((k * LANES + l) * VEC ...), so every access of a warp is contiguous. The backward keeps each
+// lane's dweight / dbias terms in registers over all its rows (a lane always owns the same
+// columns) and combines the row slots of a block in a fixed order at the end.
+
+template <int LANES>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+template <typename T, int VEC, int MAXV, int LANES>
+__global__ void __launch_bounds__(kForwardThreads)
+    residual_layernorm_forward_reg_kernel(T *x_out, T *__restrict__ ln_out,
+                                          float *__restrict__ mean, float *__restrict__ rstd,
+                                          const T *x_in, const T *__restrict__ branch, RowMap bmap,
+                                          const float *__restrict__ scale,
+                                          const float *__restrict__ weight,
+                                          const float *__restrict__ bias, RowMap lmap, int64_t N,
+                                          int64_t L, int C) {
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const int lane = threadIdx.x % 32, sl = lane % LANES;
+  const int64_t t =
+      ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp + lane / LANES;
+  const bool active = t < N;  // inactive rows still take part in the shuffles
+  const int64_t row = active ? t : 0;
+  float v[MAXV][VEC];
+  const T *xi = x_in + row * C;
+  const T *br = branch ? branch + mapped_row(bmap, row, L) * C : nullptr;
+  const float s = branch && scale ? scale[row / L] : 1.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    int c = (k * LANES + sl) * VEC;
+    if (c < C) {
+      load_vec<T, VEC>(v[k], xi + c);
+      if (br) {
+        float bv[VEC];
+        load_vec<T, VEC>(bv, br + c);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[k][e] = round_to<T>(v[k][e] + s * bv[e]);
+        if (active) store_vec<T, VEC>(x_out + row * C + c, v[k]);
+      }
+    }
+  }
+  if (!ln_out) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) sum += v[k][e];
+  const float m = group_sum<LANES>(sum) / C;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) sq += (v[k][e] - m) * (v[k][e] - m);
+  const float r = 1.0f / sqrtf(group_sum<LANES>(sq) / C + LAYERNORM_EPS);
+  if (!active) return;
+  T *y = ln_out + mapped_row(lmap, row, L) * C;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    int c = (k * LANES + sl) * VEC;
+    if (c >= C) continue;
+    float yv[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) yv[e] = (v[k][e] - m) * r * weight[c + e] + bias[c + e];
+    store_vec<T, VEC>(y + c, yv);
+  }
+  if (sl == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// The row slots of a block (warps x rows per warp) each hold dweight / dbias terms of their
+// columns in registers; they meet in shared memory (slot-major) and are added in slot order
+// into the block's partial (2C).
+template <int VEC, int MAXV, int LANES>
+__device__ void store_slot_partials(float *partial, float *acc_all, const float (&dw)[MAXV][VEC],
+                                    const float (&db)[MAXV][VEC], int C, int slot, int slots) {
+  const int sl = threadIdx.x % 32 % LANES;
+  float *acc = acc_all + (size_t)slot * 2 * C;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    int c = (k * LANES + sl) * VEC;
+    if (c >= C) continue;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      acc[c + e] = dw[k][e];
+      acc[C + c + e] = db[k][e];
+    }
+  }
+  __syncthreads();
+  float *out = partial + (int64_t)blockIdx.x * 2 * C;
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * 2 * C + c];
+    out[c] = total;
+  }
+}
+
+template <typename T, int VEC, int MAXV, int LANES>
+__global__ void __launch_bounds__(kBackwardMaxThreads)
+    residual_layernorm_backward_reg_kernel(float *dres_out, T *__restrict__ dbranch,
+                                           float *__restrict__ partial, const float *dres_in,
+                                           const T *__restrict__ dln, const T *__restrict__ x,
+                                           const float *__restrict__ weight,
+                                           const float *__restrict__ mean,
+                                           const float *__restrict__ rstd, RowMap bmap,
+                                           const float *__restrict__ scale, RowMap lmap, int64_t N,
+                                           int64_t L, int C, int64_t rows_per_block) {
+  extern __shared__ float4 shared_f4[];
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const int lane = threadIdx.x % 32, sl = lane % LANES;
+  const int slots = blockDim.x / 32 * kRowsPerWarp;
+  const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
+  float dw[MAXV][VEC], db[MAXV][VEC];
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dw[k][e] = db[k][e] = 0.0f;
+
+  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
+  for (int64_t base = row_begin; base < row_end; base += slots) {
+    const int64_t t = base + slot;
+    const bool active = t < row_end;  // inactive slots still take part in the shuffles
+    const int64_t row = active ? t : row_begin;
+    float g[MAXV][VEC];
+#pragma unroll
+    for (int k = 0; k < MAXV; k++)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) g[k][e] = 0.0f;
+    if (dln) {
+      const float m = mean[row], r = rstd[row];
+      const T *xr = x + row * C;
+      const T *dy = dln + mapped_row(lmap, row, L) * C;
+      float xh[MAXV][VEC], gy[MAXV][VEC], sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+      for (int k = 0; k < MAXV; k++) {
+        int c = (k * LANES + sl) * VEC;
+        if (c >= C) continue;
+        float dyv[VEC];
+        load_vec<T, VEC>(xh[k], xr + c);
+        load_vec<T, VEC>(dyv, dy + c);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          xh[k][e] = (xh[k][e] - m) * r;
+          gy[k][e] = dyv[e] * weight[c + e];
+          sum_g += gy[k][e];
+          sum_gx += gy[k][e] * xh[k][e];
+          if (active) {
+            dw[k][e] += dyv[e] * xh[k][e];
+            db[k][e] += dyv[e];
+          }
+        }
+      }
+      const float mean_g = group_sum<LANES>(sum_g) / C, mean_gx = group_sum<LANES>(sum_gx) / C;
+#pragma unroll
+      for (int k = 0; k < MAXV; k++)
+        if ((k * LANES + sl) * VEC < C)
+#pragma unroll
+          for (int e = 0; e < VEC; e++) g[k][e] = r * (gy[k][e] - mean_g - xh[k][e] * mean_gx);
+    }
+    if (!active) continue;
+    const float s = scale ? scale[row / L] : 1.0f;
+    T *dbr = dbranch ? dbranch + mapped_row(bmap, row, L) * C : nullptr;
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+      int c = (k * LANES + sl) * VEC;
+      if (c >= C) continue;
+      if (dres_in) {
+        float rv[VEC];
+        load_vec<float, VEC>(rv, dres_in + row * C + c);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) g[k][e] += rv[e];
+      }
+      if (dres_out) store_vec<float, VEC>(dres_out + row * C + c, g[k]);
+      if (dbr) {
+        float out[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) out[e] = s * g[k][e];
+        store_vec<T, VEC>(dbr + c, out);
+      }
+    }
+  }
+  if (dln)
+    store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, C,
+                                          slot, slots);
+}
+
+// The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
+// lane; lanes == 0 when a row does not fit (the multi-pass kernels then serve it).
+struct RegShape {
+  int lanes, maxv;
+};
+
+template <typename T>
+RegShape reg_shape(int C) {
+  RegShape r = {0, 0};
+  if (C % kVec16<T> != 0) return r;
+  int nvec = C / kVec16<T>;
+  r.lanes = nvec >= 32 ? 32 : nvec > 8 ? 16 : 8;
+  int need = (nvec + r.lanes - 1) / r.lanes;
+  for (r.maxv = 1; r.maxv < need;) r.maxv *= 2;
+  if (r.maxv > 16) r.lanes = 0;
+  return r;
+}
+
+// Calls f(integral_constant<MAXV>, integral_constant<LANES>) for the instantiated shapes.
+template <typename F>
+void with_reg_shape(RegShape r, F f) {
+  using std::integral_constant;
+  if (r.maxv == 1 && r.lanes == 8)
+    f(integral_constant<int, 1>{}, integral_constant<int, 8>{});
+  else if (r.maxv == 1 && r.lanes == 16)
+    f(integral_constant<int, 1>{}, integral_constant<int, 16>{});
+  else if (r.maxv == 1)
+    f(integral_constant<int, 1>{}, integral_constant<int, 32>{});
+  else if (r.maxv == 2)
+    f(integral_constant<int, 2>{}, integral_constant<int, 32>{});
+  else if (r.maxv == 4)
+    f(integral_constant<int, 4>{}, integral_constant<int, 32>{});
+  else if (r.maxv == 8)
+    f(integral_constant<int, 8>{}, integral_constant<int, 32>{});
+  else
+    f(integral_constant<int, 16>{}, integral_constant<int, 32>{});
+}
+
+// The register backward's fixed partition: slot count per block from the shared memory its
+// partials need (2C floats per slot), rows per block from (rows, C) alone.
+BackwardPlan reg_backward_plan(int64_t N, int C, int lanes) {
+  BackwardPlan p;
+  int per_warp = 32 / lanes;
+  int64_t fit = kDefaultSharedBytes / (2 * (int64_t)C * (int64_t)sizeof(float) * per_warp);
+  p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
+  int64_t slots = (int64_t)p.warps * per_warp;
+  int64_t max_rows = slots * kBackwardMaxBlocks;
+  int64_t rows_per_slot = N > max_rows ? (N + max_rows - 1) / max_rows : 1;
+  p.rows_per_block = rows_per_slot * slots;
+  p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
+  p.shared_bytes = (size_t)slots * 2 * (size_t)C * sizeof(float);
+  return p;
+}
+
 // 16-byte vectors when every row start is 16-byte aligned (width a multiple of the vector and
 // aligned bases), else one element at a time.
 template <typename T>
@@ -418,6 +672,74 @@ void check_even(const char *fn, int H, int W) {
   abort();
 }
 
+// The forward's kernel for T: the register kernel when the row fits, else the multi-pass one
+// (16-byte vectors when aligned, else scalar).
+template <typename T>
+void launch_residual_forward(T *xo, T *lo, float *mean, float *rstd, const T *xi, const T *br,
+                             RowMap bmap, const float *scale, const float *weight,
+                             const float *bias, RowMap lmap, int64_t N, int64_t L, int C,
+                             cudaStream_t stream) {
+  const bool aligned = can_vectorize<T>(C, {xo, lo, xi, br});
+  RegShape r = reg_shape<T>(C);
+  if (r.lanes && aligned) {
+    with_reg_shape(r, [&](auto MAXV, auto LANES) {
+      constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
+      const int64_t rows_per_block = (int64_t)kForwardWarpsPerBlock * (32 / kLanes);
+      residual_layernorm_forward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>
+          <<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kForwardThreads, 0, stream>>>(
+              xo, lo, mean, rstd, xi, br, bmap, scale, weight, bias, lmap, N, L, C);
+    });
+    return;
+  }
+  const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
+  if (aligned)
+    residual_layernorm_forward_kernel<T, kVec16<T>><<<blocks, kForwardThreads, 0, stream>>>(
+        xo, lo, mean, rstd, xi, br, bmap, scale, weight, bias, lmap, N, L, C);
+  else
+    residual_layernorm_forward_kernel<T, 1><<<blocks, kForwardThreads, 0, stream>>>(
+        xo, lo, mean, rstd, xi, br, bmap, scale, weight, bias, lmap, N, L, C);
+}
+
+// The backward's kernel for T, as the forward chooses; returns the plan it used (its blocks
+// hold the parameter-gradient partials).
+template <typename T>
+BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, const float *dres_in,
+                                      const T *dy, const T *xr, const float *weight,
+                                      const float *mean, const float *rstd, RowMap bmap,
+                                      const float *scale, RowMap lmap, int64_t N, int64_t L, int C,
+                                      cudaStream_t stream) {
+  RegShape r = reg_shape<T>(C);
+  if (r.lanes && can_vectorize<T>(C, {dbr, dy, xr, dres_in, dres_out})) {
+    BackwardPlan p = reg_backward_plan(N, C, r.lanes);
+    const size_t shared = dy ? p.shared_bytes : 0;
+    with_reg_shape(r, [&](auto MAXV, auto LANES) {
+      constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
+      auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>;
+      allow_shared(kernel, shared);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
+          p.rows_per_block);
+    });
+    return p;
+  }
+  BackwardPlan p = backward_plan(N, C);
+  const size_t shared = dy ? p.shared_bytes : 0;
+  if (can_vectorize<T>(C, {dbr, dy, xr}) && C % 4 == 0) {
+    auto kernel = residual_layernorm_backward_kernel<T, kVec16<T>>;
+    allow_shared(kernel, shared);
+    kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+        dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
+        p.rows_per_block);
+  } else {
+    auto kernel = residual_layernorm_backward_kernel<T, 1>;
+    allow_shared(kernel, shared);
+    kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+        dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
+        p.rows_per_block);
+  }
+  return p;
+}
+
 }  // namespace
 
 void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float *mean, float *rstd,
@@ -432,26 +754,22 @@ void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float 
     fprintf(stderr, "residual_layernorm_forward_cuda: a branch needs x_out\n");
     abort();
   }
-  const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
-  SWIN_DISPATCH(dt, T, {
-    const T *xi = static_cast<const T *>(x_in), *br = static_cast<const T *>(branch);
-    T *xo = static_cast<T *>(x_out), *lo = static_cast<T *>(ln_out);
-    if (can_vectorize<T>(C, {x_in, x_out, branch, ln_out})) {
-      residual_layernorm_forward_kernel<T, kVec16<T>>
-          <<<blocks, kForwardThreads, 0, stream>>>(xo, lo, mean, rstd, xi, br, row_map(branch_map),
-                                                   scale, weight, bias, row_map(ln_map), N, L, C);
-    } else {
-      residual_layernorm_forward_kernel<T, 1>
-          <<<blocks, kForwardThreads, 0, stream>>>(xo, lo, mean, rstd, xi, br, row_map(branch_map),
-                                                   scale, weight, bias, row_map(ln_map), N, L, C);
-    }
-  });
+  SWIN_DISPATCH(dt, T,
+                launch_residual_forward<T>(static_cast<T *>(x_out), static_cast<T *>(ln_out), mean,
+                                           rstd, static_cast<const T *>(x_in),
+                                           static_cast<const T *>(branch), row_map(branch_map),
+                                           scale, weight, bias, row_map(ln_map), N, L, C, stream));
   CUDA_CHECK_LAUNCH();
 }
 
 int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C) {
   if (rows <= 0 || C <= 0) return 0;
-  return backward_plan(rows, C).blocks * 2 * (int64_t)C;
+  int64_t a = backward_plan(rows, C).blocks, b = 0;
+  for (int lanes = 8; lanes <= 32; lanes *= 2) {  // any register shape the dispatch may pick
+    int64_t k = reg_backward_plan(rows, C, lanes).blocks;
+    b = k > b ? k : b;
+  }
+  return (a > b ? a : b) * 2 * (int64_t)C;
 }
 
 void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dweight,
@@ -462,25 +780,12 @@ void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, 
                                       int C, float *scratch, cudaStream_t stream) {
   int64_t N = (int64_t)B * L;
   if (N <= 0 || C <= 0) return;
-  const BackwardPlan p = backward_plan(N, C);
-  const size_t shared = dln ? p.shared_bytes : 0;
-  SWIN_DISPATCH(dt, T, {
-    T *dbr = static_cast<T *>(dbranch);
-    const T *dy = static_cast<const T *>(dln), *xr = static_cast<const T *>(x);
-    if (can_vectorize<T>(C, {dbranch, dln, x}) && C % 4 == 0) {
-      auto kernel = residual_layernorm_backward_kernel<T, kVec16<T>>;
-      allow_shared(kernel, shared);
-      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
-          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, row_map(branch_map), scale,
-          row_map(ln_map), N, L, C, p.rows_per_block);
-    } else {
-      auto kernel = residual_layernorm_backward_kernel<T, 1>;
-      allow_shared(kernel, shared);
-      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
-          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, row_map(branch_map), scale,
-          row_map(ln_map), N, L, C, p.rows_per_block);
-    }
-  });
+  BackwardPlan p = {};
+  SWIN_DISPATCH(dt, T,
+                p = launch_residual_backward<T>(
+                    dres_out, static_cast<T *>(dbranch), scratch, dres_in,
+                    static_cast<const T *>(dln), static_cast<const T *>(x), weight, mean, rstd,
+                    row_map(branch_map), scale, row_map(ln_map), N, L, C, stream));
   CUDA_CHECK_LAUNCH();
   if (dln) launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, C, stream);
 }

@@ -1,0 +1,75 @@
+// learner.c: the training step and the optimizer memory (src/learner.h).
+#include "src/learner.h"
+
+#include <stdlib.h>
+
+#include "src/nvtx.h"
+
+void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
+  Backend *be = m->be;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  o->exp_avg = be->ops->alloc(be, bytes);
+  o->exp_avg_sq = be->ops->alloc(be, bytes);
+  bool host_memory = be->device == DEVICE_CPU;
+  o->host_exp_avg = host_memory ? o->exp_avg : calloc_check(1, bytes);
+  o->host_exp_avg_sq = host_memory ? o->exp_avg_sq : calloc_check(1, bytes);
+  o->num_chunks = model_adamw_chunks(m, cfg->weight_decay, NULL);
+  size_t chunk_bytes = sizeof(AdamWChunk) * (size_t)o->num_chunks;
+  AdamWChunk *chunks = malloc_check(chunk_bytes);
+  model_adamw_chunks(m, cfg->weight_decay, chunks);
+  o->chunks = be->ops->alloc(be, chunk_bytes);
+  be->ops->upload(be, o->chunks, chunks, chunk_bytes);
+  free(chunks);
+  o->state = be->ops->alloc(be, sizeof(OptimState));
+}
+
+void optimizer_destroy(Optimizer *o, Backend *be) {
+  if (o->host_exp_avg != o->exp_avg) free(o->host_exp_avg);
+  if (o->host_exp_avg_sq != o->exp_avg_sq) free(o->host_exp_avg_sq);
+  be->ops->release(be, o->exp_avg);
+  be->ops->release(be, o->exp_avg_sq);
+  be->ops->release(be, o->chunks);
+  be->ops->release(be, o->state);
+  *o = (Optimizer){0};
+}
+
+size_t optimizer_bytes(const Optimizer *o, const Model *m) {
+  return 2 * sizeof(float) * (size_t)m->num_floats + sizeof(AdamWChunk) * (size_t)o->num_chunks +
+         sizeof(OptimState);
+}
+
+void optimizer_upload_moments(Optimizer *o, const Model *m) {
+  if (o->host_exp_avg == o->exp_avg) return;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->be->ops->upload(m->be, o->exp_avg, o->host_exp_avg, bytes);
+  m->be->ops->upload(m->be, o->exp_avg_sq, o->host_exp_avg_sq, bytes);
+}
+
+void optimizer_download_moments(Optimizer *o, const Model *m) {
+  if (o->host_exp_avg == o->exp_avg) return;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->be->ops->download(m->be, o->host_exp_avg, o->exp_avg, bytes);
+  m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
+}
+
+void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const uint8_t *pixels,
+                  const int *labels, int B, int64_t step, float lr) {
+  Backend *be = m->be;
+  model_forward(m, pixels, DTYPE_U8, norm, B, true, cfg->seed, step);
+  be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, labels, cfg->label_smoothing, B,
+                      cfg->num_classes, o->state);
+  model_zero_grads(m);
+  model_backward(m, B);
+  NVTX_PUSH("optimizer");
+  OptimizerStep hyper = {.lr = lr,
+                         .beta1 = cfg->beta1,
+                         .beta2 = cfg->beta2,
+                         .eps = cfg->eps,
+                         .clip_grad = cfg->clip_grad,
+                         .dynamic_scale = be->act == DTYPE_F16,
+                         .scale_window = cfg->loss_scale_window};
+  be->ops->optimizer_step(be, m->master, m->compute == (void *)m->master ? NULL : m->compute,
+                          m->grads, o->exp_avg, o->exp_avg_sq, m->num_floats, o->chunks,
+                          o->num_chunks, hyper, o->state);
+  NVTX_POP();
+}
