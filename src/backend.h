@@ -105,6 +105,9 @@ typedef struct {
   // for a kept one, drawn from (seed, step, unit, sample) exactly as the CPU draws them.
   void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
                            uint64_t seed, int64_t step);
+  // out (n, act) = GELU(inp (n, act)): the backward recomputes an MLP's hidden layer instead of
+  // keeping it.
+  void (*gelu_forward)(Backend *be, void *out, const void *inp, int64_t n);
   // out (N, OC, act) = act(inp (N, IC, act) weight^T (OC, IC, act) + bias (OC, act) or none);
   // with GELU the pre-activation goes to pre (N, OC, act).
   void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,

@@ -129,6 +129,11 @@ static void cpu_drop_path_scales(Backend *be, float *scales, const float *rates,
   }
 }
 
+static void cpu_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
+  (void)be;
+  gelu_forward_cpu(out, inp, n);
+}
+
 static void cpu_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                                const void *bias, int64_t N, int IC, int OC, Activation act,
                                void *pre) {
@@ -305,6 +310,7 @@ static const BackendOps cpu_ops = {
     .to_compute = cpu_to_compute,
     .patch_embed_input = cpu_patch_embed_input,
     .drop_path_scales = cpu_drop_path_scales,
+    .gelu_forward = cpu_gelu_forward,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .residual_layernorm_forward = cpu_residual_layernorm_forward,

@@ -258,6 +258,11 @@ void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int u
   drop_path_scales_cuda(scales, rates, units, B, seed, step, state_of(be)->compute);
 }
 
+void cuda_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
+  OpScope scope(be, OP_ELEMENTWISE);
+  gelu_forward_cuda(be->act, out, inp, n, state_of(be)->compute);
+}
+
 void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
   CudaState *st = state_of(be);
@@ -430,6 +435,7 @@ const BackendOps cuda_ops = {
     .to_compute = cuda_to_compute,
     .patch_embed_input = cuda_patch_embed_input,
     .drop_path_scales = cuda_drop_path_scales,
+    .gelu_forward = cuda_gelu_forward,
     .linear_forward = cuda_linear_forward,
     .linear_backward = cuda_linear_backward,
     .residual_layernorm_forward = cuda_residual_layernorm_forward,

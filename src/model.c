@@ -195,16 +195,13 @@ static void plan_activations(Model *m, Arena *a, int B) {
       b->x = arena_act(a, m, BL * C);
       b->ln1_mean = arena_floats(a, BL);
       b->ln1_rstd = arena_floats(a, BL);
-      b->xw = arena_act(a, m, BL * C);
       b->qkv = arena_act(a, m, BL * 3 * C);
       b->att = arena_floats(a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
       b->attn_out = arena_act(a, m, BL * C);
       b->x1 = arena_act(a, m, BL * C);
       b->ln2_mean = arena_floats(a, BL);
       b->ln2_rstd = arena_floats(a, BL);
-      b->ln2 = arena_act(a, m, BL * C);
       b->fc1 = arena_act(a, m, BL * g->hidden);
-      b->gelu = arena_act(a, m, BL * g->hidden);
       // Views into drop_scales: unit 2 gi (attention) and 2 gi + 1 (MLP), B each.
       bool drops = m->block_drop[gi] > 0;
       b->dp_attn = drops && x->drop_scales ? x->drop_scales + (int64_t)2 * gi * B : NULL;
@@ -223,6 +220,9 @@ static void plan_activations(Model *m, Arena *a, int B) {
   x->pooled = arena_floats(a, (int64_t)B * last->C);
   x->logits = arena_floats(a, (int64_t)B * c->num_classes);
   x->dlogits = arena_floats(a, (int64_t)B * c->num_classes);
+  x->xw = arena_act(a, m, max_lc);
+  x->ln2 = arena_act(a, m, max_lc);
+  x->hidden = arena_act(a, m, max_hidden);
   x->branch = arena_act(a, m, max_lc);
   x->dres = arena_floats(a, max_lc);
   x->dbranch = arena_act(a, m, max_lc);
@@ -430,11 +430,11 @@ static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
   WindowMap wm = block_windows(g, j);
   int64_t L = (int64_t)g->H * g->W;
   if (j == 0) {
-    be->ops->residual_layernorm_forward(be, NULL, a->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
+    be->ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
                                         NULL, w->norm1_w, w->norm1_b, &wm, B, L, g->C);
   } else {
     const BlockActs *p = &x->blocks[gi - 1];
-    be->ops->residual_layernorm_forward(be, a->x, a->xw, a->ln1_mean, a->ln1_rstd, p->x1, x->branch,
+    be->ops->residual_layernorm_forward(be, a->x, x->xw, a->ln1_mean, a->ln1_rstd, p->x1, x->branch,
                                         NULL, m->drop_path_active ? p->dp_mlp : NULL, w->norm1_w,
                                         w->norm1_b, &wm, B, L, g->C);
   }
@@ -454,18 +454,18 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
   WindowMap wm = block_windows(g, j);
   const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
 
-  ops->linear_forward(be, a->qkv, a->xw, model_compute_weight(m, w->qkv_w),
+  ops->linear_forward(be, a->qkv, x->xw, model_compute_weight(m, w->qkv_w),
                       model_compute_weight(m, w->qkv_b), BL, C, 3 * C, ACTIVATION_NONE, NULL);
   ops->attention_forward(be, a->attn_out, a->att, a->qkv, w->rel_table, g->index_be, mask, BW,
                          g->nW, g->N, C, g->heads);
   ops->linear_forward(be, x->branch, a->attn_out, model_compute_weight(m, w->proj_w),
                       model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
-  ops->residual_layernorm_forward(be, a->x1, a->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
+  ops->residual_layernorm_forward(be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
                                   m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b,
                                   NULL, B, L, C);
-  ops->linear_forward(be, a->gelu, a->ln2, model_compute_weight(m, w->fc1_w),
+  ops->linear_forward(be, x->hidden, x->ln2, model_compute_weight(m, w->fc1_w),
                       model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
-  ops->linear_forward(be, x->branch, a->gelu, model_compute_weight(m, w->fc2_w),
+  ops->linear_forward(be, x->branch, x->hidden, model_compute_weight(m, w->fc2_w),
                       model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
 }
 
@@ -551,10 +551,14 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
   WindowMap wm = block_windows(g, j);
   const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
 
-  // MLP: fc2 (its dinp through GELU'), fc1, then LN2 + the attention residual.
-  ops->linear_backward(be, x->dhidden, gw->fc2_w, gw->fc2_b, x->dbranch, a->gelu,
+  // MLP: fc2 (its dinp through GELU'), fc1, then LN2 + the attention residual; the GELU output
+  // and LN2's output are recomputed from fc1's and LN2's inputs first.
+  ops->gelu_forward(be, x->hidden, a->fc1, BL * g->hidden);
+  ops->linear_backward(be, x->dhidden, gw->fc2_w, gw->fc2_b, x->dbranch, x->hidden,
                        model_compute_weight(m, w->fc2_w), BL, g->hidden, C, a->fc1);
-  ops->linear_backward(be, x->dln, gw->fc1_w, gw->fc1_b, x->dhidden, a->ln2,
+  ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
+                                  NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
+  ops->linear_backward(be, x->dln, gw->fc1_w, gw->fc1_b, x->dhidden, x->ln2,
                        model_compute_weight(m, w->fc1_w), BL, C, g->hidden, NULL);
   ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm2_w, gw->norm2_b, x->dres,
                                    x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd, &wm,
@@ -564,7 +568,9 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
                        model_compute_weight(m, w->proj_w), BL, C, C, NULL);
   ops->attention_backward(be, x->dqkv, gw->rel_table, x->dattn, a->qkv, w->rel_table, g->index_be,
                           mask, a->att, BW, g->nW, g->N, C, g->heads);
-  ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, a->xw,
+  ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
+                                  NULL, w->norm1_w, w->norm1_b, &wm, B, L, C);
+  ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, x->xw,
                        model_compute_weight(m, w->qkv_w), BL, C, 3 * C, NULL);
 }
 

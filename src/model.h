@@ -11,7 +11,8 @@
 // Parameters live in one buffer laid out in forward order, so the gradients backward produces
 // fill the mirror buffer from its end towards its start: gradient buckets are contiguous ranges.
 // Each tensor starts at a multiple of MODEL_PARAM_ALIGN floats (the gaps stay zero), so every
-// weight a GEMM reads is 64-byte aligned in f32 and 32-byte aligned in bf16/f16.
+// weight a GEMM reads is 512-byte aligned in f32 and 256-byte aligned in bf16/f16 (the largest
+// alignment cuBLASLt's algorithm choice distinguishes), at a cost of under 128 floats a tensor.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -36,7 +37,7 @@ typedef struct {
   float *mask_be;
 } StageGeom;
 
-#define MODEL_PARAM_ALIGN 16
+#define MODEL_PARAM_ALIGN 128
 
 typedef struct {
   float *norm1_w, *norm1_b;  // (C)
@@ -71,19 +72,19 @@ typedef struct {
 } ParamInfo;
 
 // Per-block saved activations of the training forward (views in the activation arena, backend
-// memory). `act` tensors are in the compute type; statistics and scales are f32.
+// memory). `act` tensors are in the compute type; statistics and scales are f32. What is cheaper
+// to recompute than to keep is not kept: the LayerNorm outputs (from their input and saved
+// statistics: the recomputation is deterministic, so it writes the same bits) and the GELU
+// output (from its input) are rebuilt in the backward in shared buffers (Activations).
 typedef struct {
   void *x;                     // block input (B, L, C) act: LN1's input
   float *ln1_mean, *ln1_rstd;  // (B*L)
-  void *xw;                    // LN1 output in window order (B*nW, N, C) act
   void *qkv;                   // (B*nW, N, 3C) act
   float *att;                  // what the backend saves of the softmax (attention_saved_floats)
   void *attn_out;              // (B*nW, N, C) act
   void *x1;                    // after the attention residual (B, L, C) act: LN2's input
   float *ln2_mean, *ln2_rstd;  // (B*L)
-  void *ln2;                   // (B, L, C) act
   void *fc1;                   // pre-GELU (B, L, hidden) act
-  void *gelu;                  // (B, L, hidden) act
   float *dp_attn, *dp_mlp;     // drop-path scales (B), NULL when the block's rate is 0
 } BlockActs;
 
@@ -101,6 +102,9 @@ typedef struct {
   float *logits;       // (B, classes)
   float *drop_scales;  // (2 * blocks, B): the blocks' dp_attn and dp_mlp
   // Short-lived buffers, reused by every block.
+  void *xw;      // LN1 output in window order (B*nW, N, C) act, forward and recomputed
+  void *ln2;     // LN2 output (B, L, C) act, forward and recomputed
+  void *hidden;  // GELU output (B, L, hidden) act, forward and recomputed
   void *branch;    // a branch output waiting for its residual add: proj (windows) or fc2 (B, L, C)
   float *dres;     // gradient of the residual stream (B, L, C) f32
   void *dbranch;   // gradient of a branch output or of a block input (B, L, C) act

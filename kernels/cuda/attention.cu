@@ -428,31 +428,38 @@ __device__ __forceinline__ void tc_scores(float (&S)[8][4], const T *Qs, const T
     }
 }
 
-// Loads the (window b, head h) slices of q, k, v (and dO) into the padded tiles; rows >= N are
-// zero. Transposed copies where asked (non-null).
+// Loads the (window b, head h) slices of q, k, v (and dO) into the padded tiles, 16 bytes (8
+// elements) per access; rows >= N are zero. Transposed copies where asked (non-null). The
+// slices start at 16-byte boundaries: C and HD are multiples of 16 elements and the tensors
+// 16-byte aligned (checked by the launcher).
 template <typename T, int HD>
 __device__ __forceinline__ void tc_load(const T *__restrict__ qkv, const T *__restrict__ dout,
                                         int64_t b, int h, int N, int C, T *Qs, T *Ks, T *Vs, T *dOs,
                                         T *Qt, T *Kt, T *Vt, T *dOt, int ld) {
-  const T zero = from_float<T>(0.0f);
-  for (int e = threadIdx.x; e < kTcRows * HD; e += blockDim.x) {
-    int i = e / HD, d = e % HD;
-    T q = zero, k = zero, v = zero, o = zero;
+  constexpr int V = 8, kChunks = HD / V;
+  for (int e = threadIdx.x; e < kTcRows * kChunks; e += blockDim.x) {
+    int i = e / kChunks, d = (e % kChunks) * V;
+    int4 q = make_int4(0, 0, 0, 0), k = q, v = q, o = q;
     if (i < N) {
       const T *row = qkv + (b * N + i) * 3 * C + h * HD + d;
-      q = row[0];
-      k = row[C];
-      v = row[2 * C];
-      if (dout) o = dout[(b * N + i) * C + h * HD + d];
+      q = *reinterpret_cast<const int4 *>(row);
+      k = *reinterpret_cast<const int4 *>(row + C);
+      v = *reinterpret_cast<const int4 *>(row + 2 * C);
+      if (dout) o = *reinterpret_cast<const int4 *>(dout + (b * N + i) * C + h * HD + d);
     }
-    Qs[i * ld + d] = q;
-    Ks[i * ld + d] = k;
-    if (Vs) Vs[i * ld + d] = v;
-    if (dOs) dOs[i * ld + d] = o;
-    if (Qt) Qt[d * kTcLdT + i] = q;
-    if (Kt) Kt[d * kTcLdT + i] = k;
-    if (Vt) Vt[d * kTcLdT + i] = v;
-    if (dOt) dOt[d * kTcLdT + i] = o;
+    *reinterpret_cast<int4 *>(Qs + i * ld + d) = q;
+    *reinterpret_cast<int4 *>(Ks + i * ld + d) = k;
+    if (Vs) *reinterpret_cast<int4 *>(Vs + i * ld + d) = v;
+    if (dOs) *reinterpret_cast<int4 *>(dOs + i * ld + d) = o;
+    const T *qe = reinterpret_cast<const T *>(&q), *ke = reinterpret_cast<const T *>(&k);
+    const T *ve = reinterpret_cast<const T *>(&v), *oe = reinterpret_cast<const T *>(&o);
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+      if (Qt) Qt[(d + u) * kTcLdT + i] = qe[u];
+      if (Kt) Kt[(d + u) * kTcLdT + i] = ke[u];
+      if (Vt) Vt[(d + u) * kTcLdT + i] = ve[u];
+      if (dOt) dOt[(d + u) * kTcLdT + i] = oe[u];
+    }
   }
 }
 
@@ -741,6 +748,14 @@ void with_head_dim(int hd, F f) {
 
 }  // namespace
 
+// The tensor-core kernels read and write q, k, v and the outputs 16 bytes at a time.
+static void check_tc_alignment(const char *fn, const void *a, const void *b) {
+  if (aligned16(a) && (!b || aligned16(b))) return;
+  fprintf(stderr, "%s: tensors must be 16-byte aligned for the tensor-core path (%p, %p)\n", fn, a,
+          b);
+  abort();
+}
+
 // The tensor-core kernels serve bf16 and f16 with head_dim 16, 32 or 64 and windows of at most
 // 64 tokens (Swin: 49 tokens, head_dim 32); everything else takes the SIMT kernels.
 static bool use_tensor_cores(DType dt, int N, int hd) {
@@ -765,6 +780,7 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   if (BW == 0) return;
   int hd = C / heads;
   if (use_tensor_cores(dt, N, hd)) {
+    check_tc_alignment("window_attention_forward_cuda", qkv, out);
     size_t smem = tc_forward_smem(hd);
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
@@ -809,6 +825,8 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const v
   // Partial window sums of dS: (rows, E) with E = heads * N * N.
   int64_t rows = BW;
   if (tc) {
+    check_tc_alignment("window_attention_backward_cuda", qkv, dout);
+    check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
     int groups = tc_backward_groups(BW, heads);
     rows = groups;
     size_t smem = tc_backward_smem(hd);

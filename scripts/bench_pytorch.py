@@ -1,0 +1,84 @@
+"""PyTorch's training step for the swin.c benchmark: timm's Swin of the same size, on the same GPU,
+same batch and precision, fused AdamW, label smoothing 0.1 and the recipe's drop path, measured the
+way `swin_train bench=1` measures swin.c (warm-up, then the median of rounds of 10 steps, each round
+timed between two synchronizations; peak memory from torch.cuda.max_memory_allocated).
+
+Usage: python3 scripts/bench_pytorch.py MODEL BATCH MODE [MODE ...]
+  MODEL: swin_tiny | swin_small | swin_base | swin_large (timm's *_patch4_window7_224)
+  MODE:  eager          timm's attention as written (matmul, softmax, matmul)
+         eager_fused    TIMM_FUSED_ATTN=2: timm calls F.scaled_dot_product_attention
+         compile_fused  torch.compile of the model with fused attention
+         compile_fused_ro   the same with mode='reduce-overhead' (CUDA graphs)
+Each mode runs in its own process (timm reads TIMM_FUSED_ATTN when it is imported) and prints one
+JSON line: {"bench": "pytorch", "model", "mode", "batch", "img_s", "ms_per_step", "peak_gib"}.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DROP_PATH = {"swin_tiny": 0.2, "swin_small": 0.3, "swin_base": 0.5, "swin_large": 0.5}
+ROUND, ROUNDS, WARMUP = 10, 5, 15
+
+
+def run_mode(model, batch, mode):
+    import torch
+    import timm
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    net = timm.create_model(f"{model}_patch4_window7_224", num_classes=1000,
+                            drop_path_rate=DROP_PATH[model]).cuda().train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
+    lossf = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    fwd = net
+    if mode == "compile_fused":
+        fwd = torch.compile(net)
+    elif mode == "compile_fused_ro":
+        fwd = torch.compile(net, mode="reduce-overhead")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = lossf(fwd(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    rounds = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(ROUND):
+            step()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - t0) * 1e3 / ROUND)
+    ms = statistics.median(rounds)
+    print(json.dumps({"bench": "pytorch", "model": model, "mode": mode, "batch": batch,
+                      "img_s": round(batch * 1e3 / ms, 1), "ms_per_step": round(ms, 3),
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                      "torch": torch.__version__, "timm": timm.__version__}), flush=True)
+
+
+def main():
+    if len(sys.argv) >= 5 and sys.argv[1] == "--one":
+        run_mode(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    model, batch, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    for mode in modes:
+        env = dict(os.environ, TIMM_FUSED_ATTN="0" if mode == "eager" else "2")
+        subprocess.run([sys.executable, __file__, "--one", model, str(batch), mode], env=env,
+                       check=False)
+
+
+if __name__ == "__main__":
+    main()
