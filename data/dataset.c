@@ -8,11 +8,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "data/batch_augment.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "src/rng.h"
@@ -456,6 +458,12 @@ done:
 
 // ---- public ----
 
+static ResampleChoice resample_choice(const char *name) {
+  if (strcmp(name, "bicubic") == 0) return RESAMPLE_BICUBIC;
+  if (strcmp(name, "random") == 0) return RESAMPLE_RANDOM;
+  return RESAMPLE_BILINEAR;
+}
+
 int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err) {
   *out = NULL;
   if (strcmp(split, "train") != 0 && strcmp(split, "val") != 0) {
@@ -479,6 +487,9 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
                      "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
                      cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
   }
+  RandAugmentPolicy randaugment;
+  if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
+  if (strcmp(split, "train") == 0 && batch_augment_refuse_until_wired(cfg, err) != 0) return -1;
   Dataset *ds = calloc_check(1, sizeof *ds);
   ds->transform = (TransformParams){.out_h = cfg->img_h,
                                     .out_w = cfg->img_w,
@@ -488,7 +499,15 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
                                     .ratio_min = cfg->ratio_min,
                                     .ratio_max = cfg->ratio_max,
                                     .hflip = cfg->hflip,
-                                    .crop_pct = cfg->crop_pct};
+                                    .crop_pct = cfg->crop_pct,
+                                    .resample = resample_choice(cfg->interpolation),
+                                    .randaugment = randaugment,
+                                    .color_jitter = cfg->color_jitter};
+  // timm's img_mean: min(255, round(255 * mean)) per channel, RandAugment's fill colour.
+  for (int c = 0; c < cfg->in_chans && c < 4; c++) {
+    double v = nearbyint(255.0 * cfg->mean[cfg->num_mean == 1 ? 0 : c]);
+    ds->transform.fill[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
   int rc;
   if (strcmp(cfg->dataset, "fashion_mnist") == 0) {
     ds->kind = DATASET_FASHION_MNIST;
@@ -555,6 +574,7 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
   if (ds->kind == DATASET_FASHION_MNIST) {
     // Transform the single gray channel, then replicate: 3x less resampling work.
+    // RandAugment's fill is per channel, so colour ops run after the expansion.
     TransformParams gray = ds->transform;
     gray.chans = 1;
     const uint8_t *src = ds->images + i * ds->src_h * ds->src_w;
@@ -565,6 +585,7 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     if (ds->transform.chans > 1) {
       replicate_gray(pixels, (int64_t)gray.out_h * gray.out_w, ds->transform.chans);
     }
+    if (train) transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
     *label = ds->labels[i];
     return 0;
   }
@@ -578,10 +599,12 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
                      "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it",
                      ds->paths[i], (long long)i, ds->describe, why ? why : "unknown reason");
   }
-  if (train)
+  if (train) {
     transform_train(&ds->transform, img, h, w, &rng, pixels);
-  else
+    transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
+  } else {
     transform_eval(&ds->transform, img, h, w, pixels);
+  }
   stbi_image_free(img);
   *label = ds->class_of[i];
   return 0;

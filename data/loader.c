@@ -197,6 +197,7 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
     Slot *sl = &L->slots[i];
     sl->state = SLOT_FREE;
     sl->samples = malloc_check(sizeof(int64_t) * (size_t)opt->batch_size);
+    sl->batch.samples = sl->samples;
     sl->batch.pixels = buffer_alloc(opt, pixel_bytes);
     sl->batch.labels = buffer_alloc(opt, label_bytes);
     if (!sl->batch.pixels || !sl->batch.labels) {

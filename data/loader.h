@@ -34,10 +34,11 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
                         uint8_t *pixels, int *label, Error *err);
 
 typedef struct {
-  uint8_t *pixels;  // (count, img_h, img_w, in_chans)
-  int *labels;      // (count)
-  int count;        // samples in this batch (eval's last batch may be short)
-  int64_t epoch;    // which epoch and which batch of that epoch this is
+  uint8_t *pixels;   // (count, img_h, img_w, in_chans)
+  int *labels;       // (count)
+  int64_t *samples;  // (count) dataset indices of the samples (per-sample augmentation keys)
+  int count;         // samples in this batch (eval's last batch may be short)
+  int64_t epoch;     // which epoch and which batch of that epoch this is
   int64_t index;
 } Batch;
 
