@@ -107,11 +107,12 @@ static int clip_int(int v, int lo, int hi) {
 }
 
 MixParams batch_augment_cutmix_box(double lam, int H, int W, int cy, int cx) {
-  // timm rand_bbox: cut = int(side * sqrt(1 - lam)), box [c - cut // 2, c + cut // 2) clipped.
+  // timm rand_bbox: cut = int(side * sqrt(1 - lam)), box [c - cut // 2, c + (cut + 1) // 2)
+  // clipped to the image (timm >= 1.0; older versions ended at c + cut // 2).
   double ratio = sqrt(1.0 - lam);
   int cut_h = (int)(H * ratio), cut_w = (int)(W * ratio);
-  int yl = clip_int(cy - cut_h / 2, 0, H), yh = clip_int(cy + cut_h / 2, 0, H);
-  int xl = clip_int(cx - cut_w / 2, 0, W), xh = clip_int(cx + cut_w / 2, 0, W);
+  int yl = clip_int(cy - cut_h / 2, 0, H), yh = clip_int(cy + (cut_h + 1) / 2, 0, H);
+  int xl = clip_int(cx - cut_w / 2, 0, W), xh = clip_int(cx + (cut_w + 1) / 2, 0, W);
   MixParams m = {.mode = MIX_CUTMIX, .top = yl, .left = xl, .h = yh - yl, .w = xh - xl};
   // correct_lam: the weight is the share of the image that stays.
   m.lam = 1.0 - (double)((yh - yl) * (xh - xl)) / (double)(H * W);

@@ -13,8 +13,8 @@
 //   Mixup(mode='batch', correct_lam=True): with probability mix_prob the batch is mixed; with
 //     both alphas > 0, cutmix with probability switch_prob, else mixup; lam ~ Beta(alpha, alpha)
 //     of the chosen one. Cutmix's box: cut = int(side * sqrt(1 - lam)), a uniform center
-//     (cy, cx) in [0, H) x [0, W), the box [c - cut // 2, c + cut // 2) clipped to the image, and
-//     lam = 1 - box area / image area. lam == 1 leaves the images alone.
+//     (cy, cx) in [0, H) x [0, W), the box [c - cut // 2, c + (cut + 1) // 2) clipped to the image,
+//     and lam = 1 - box area / image area. lam == 1 leaves the images alone.
 //   Soft targets: t[b] = onehot_s(y[b]) * lam + onehot_s(y[B-1-b]) * (1 - lam) with
 //     onehot_s = (1 - s + s/K on the label, s/K elsewhere), in fp32 like PyTorch's
 //     mixup_target; the loss then takes them with smoothing 0.

@@ -79,17 +79,25 @@ void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rn
 }
 
 void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, uint8_t *dst) {
-  // The side that needs the larger scale to cover (out / crop_pct) becomes floor(out / crop_pct)
-  // (timm's scale_size) and the other follows the aspect, truncated as torchvision's
-  // Resize(int) does.
-  bool height_binds = (double)p->out_h / h >= (double)p->out_w / w;
+  // timm's scale_size = floor(out / crop_pct). Square output: torchvision's Resize(int), the
+  // shorter side becomes it and the other is int(side * long / short). Otherwise timm's
+  // ResizeKeepRatio: both sides divided by min(h / target_h, w / target_w), rounded.
+  int target_h = (int)floor(p->out_h / (double)p->crop_pct);
+  int target_w = (int)floor(p->out_w / (double)p->crop_pct);
   int new_h, new_w;
-  if (height_binds) {
-    new_h = (int)floor(p->out_h / (double)p->crop_pct);
-    new_w = (int)((double)new_h * w / h);
+  if (p->out_h == p->out_w) {
+    if (w <= h) {
+      new_w = target_w;
+      new_h = (int)((double)target_w * h / w);
+    } else {
+      new_h = target_h;
+      new_w = (int)((double)target_h * w / h);
+    }
   } else {
-    new_w = (int)floor(p->out_w / (double)p->crop_pct);
-    new_h = (int)((double)new_w * h / w);
+    double ratio_h = (double)h / target_h, ratio_w = (double)w / target_w;
+    double ratio = ratio_h < ratio_w ? ratio_h : ratio_w;
+    new_h = round_half_even(h / ratio);
+    new_w = round_half_even(w / ratio);
   }
   if (new_h < p->out_h) new_h = p->out_h;
   if (new_w < p->out_w) new_w = p->out_w;

@@ -50,9 +50,10 @@ void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rn
 // Whether transform_train_color does anything.
 bool transform_has_color(const TransformParams *p);
 
-// Eval: resize keeping the aspect to the smallest size that covers (out_h, out_w) / crop_pct
-// (for a square output: shorter side = floor(out / crop_pct), as timm), then center crop
-// (out_h, out_w), with bicubic for data.interpolation = random.
+// Eval: timm's eval transform: resize keeping the aspect so that the image covers
+// floor((out_h, out_w) / crop_pct) (square: torchvision Resize(int), shorter side = that size;
+// otherwise timm's ResizeKeepRatio), then center crop (out_h, out_w); bicubic for
+// data.interpolation = random.
 // With crop_pct 1 and an image that already has the output size, this is the identity.
 // src (h, w, p->chans), dst (p->out_h, p->out_w, p->chans).
 void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, uint8_t *dst);

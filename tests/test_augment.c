@@ -199,11 +199,13 @@ static void test_beta_and_cutmix(void) {
                "Beta(%.1f, %.1f): mean %.4f (0.5), var %.4f (%.4f)", alphas[a], alphas[a], mean,
                var, want_var);
   }
-  // timm rand_bbox at lam 0.75 on 32 x 48: cut 16 x 24, centered at (10, 40): rows [2, 18),
-  // columns [28, 48) (clipped from 52), so lam = 1 - 16 * 20 / 1536.
-  MixParams m = batch_augment_cutmix_box(0.75, 32, 48, 10, 40);
+  // timm rand_bbox at lam 0.75 on 33 x 48: cut 16 x 24, centered at (10, 40): rows [2, 18),
+  // columns [28, 48) (clipped from 52), so lam = 1 - 16 * 20 / 1584. At lam 0.5 on 33 x 48: cut
+  // int(33 * 0.7071) = 23 rows, [c - 11, c + 12): 23 rows for a center inside.
+  MixParams m = batch_augment_cutmix_box(0.75, 33, 48, 10, 40);
+  MixParams odd = batch_augment_cutmix_box(0.5, 33, 48, 16, 20);
   test_check(m.mode == MIX_CUTMIX && m.top == 2 && m.h == 16 && m.left == 28 && m.w == 20 &&
-                 m.lam == 1.0 - 320.0 / 1536.0,
+                 m.lam == 1.0 - 320.0 / 1584.0 && odd.top == 5 && odd.h == 23,
              "cutmix box (%d,%d %dx%d) and corrected lam %.6f", m.top, m.left, m.h, m.w, m.lam);
 }
 
