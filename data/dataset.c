@@ -16,6 +16,7 @@
 
 #include "data/batch_augment.h"
 #include "data/loader.h"
+#include "data/shards.h"
 #include "data/transform.h"
 #include "src/rng.h"
 
@@ -24,7 +25,7 @@
 
 #define PATH_BYTES 4096
 
-typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER } DatasetKind;
+typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER, DATASET_SHARDS } DatasetKind;
 
 struct Dataset {
   DatasetKind kind;
@@ -42,6 +43,10 @@ struct Dataset {
   // ImageFolder: sorted file list.
   char **paths;   // (n) image files
   int *class_of;  // (n) labels
+
+  // Shards: the tar index, and the shuffle buffer of training streams.
+  ShardSet shards;
+  int64_t shuffle_buffer;
 };
 
 static const char *HINT_PATH_EXAMPLE =
@@ -456,6 +461,42 @@ done:
   return rc;
 }
 
+// ---- tar shards ----
+
+static int open_shards(Dataset *ds, const Config *cfg, const char *split, Error *err) {
+  char split_dir[PATH_BYTES];
+  if (join_path(split_dir, cfg->path, split, err)) return -1;
+  if (!is_dir(split_dir))
+    return error_set(err,
+                     "shards split directory '%s' does not exist\n"
+                     "HINT: data.dataset=shards reads <data.path>/train/*.tar and "
+                     "<data.path>/val/*.tar (scripts/make_shards.py writes them)",
+                     split_dir);
+  if (shards_open(&ds->shards, split_dir, err) != 0) return -1;
+  int limit = strcmp(split, "train") == 0 ? cfg->train_limit : cfg->val_limit;
+  shards_limit(&ds->shards, limit);
+  ds->n = ds->shards.n;
+  ds->num_classes = ds->shards.max_label + 1;
+  ds->shuffle_buffer = cfg->shuffle_buffer > 0 ? cfg->shuffle_buffer : 1;
+  snprintf(ds->describe, sizeof ds->describe,
+           "shards %s (%s): %lld images in %d tar files, %d classes", split, split_dir,
+           (long long)ds->n, ds->shards.num_shards, ds->num_classes);
+  return 0;
+}
+
+bool dataset_is_stream(const Dataset *ds) {
+  return ds->kind == DATASET_SHARDS;
+}
+
+int64_t dataset_stream_samples(const Dataset *ds, int rank, int world) {
+  return shards_rank_samples(&ds->shards, rank, world);
+}
+
+void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int rank, int world,
+                          int64_t *order) {
+  shards_epoch_order(&ds->shards, seed, epoch, rank, world, ds->shuffle_buffer, order);
+}
+
 // ---- public ----
 
 static ResampleChoice resample_choice(const char *name) {
@@ -515,8 +556,12 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   } else if (strcmp(cfg->dataset, "imagefolder") == 0) {
     ds->kind = DATASET_IMAGEFOLDER;
     rc = open_imagefolder(ds, cfg, split, err);
+  } else if (strcmp(cfg->dataset, "shards") == 0) {
+    ds->kind = DATASET_SHARDS;
+    rc = open_shards(ds, cfg, split, err);
   } else {
-    rc = error_set(err, "data.dataset '%s' is unknown\nHINT: use fashion_mnist or imagefolder",
+    rc = error_set(err,
+                   "data.dataset '%s' is unknown\nHINT: use fashion_mnist, imagefolder or shards",
                    cfg->dataset);
   }
   if (rc == 0 && ds->n == 0) {
@@ -539,6 +584,7 @@ void dataset_close(Dataset *ds) {
     free(ds->paths);
   }
   free(ds->class_of);
+  shards_close(&ds->shards);
   free(ds);
 }
 
@@ -591,13 +637,26 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   }
   int w = 0, h = 0, file_chans = 0;
   // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channel count.
-  uint8_t *img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
+  uint8_t *img = NULL;
+  char where[PATH_BYTES + 64];
+  if (ds->kind == DATASET_SHARDS) {
+    size_t size = 0;
+    uint8_t *bytes = shards_read(&ds->shards, i, &size, err);
+    if (!bytes) return -1;
+    img = stbi_load_from_memory(bytes, (int)size, &w, &h, &file_chans, ds->transform.chans);
+    free(bytes);
+    snprintf(where, sizeof where, "%s, bytes %lld..", ds->shards.paths[ds->shards.shard[i]],
+             (long long)ds->shards.offset[i]);
+  } else {
+    img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
+    snprintf(where, sizeof where, "%s", ds->paths[i]);
+  }
   if (!img) {
     const char *why = stbi_failure_reason();
     return error_set(err,
                      "cannot decode image '%s' (sample %lld of %s): %s\n"
                      "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it",
-                     ds->paths[i], (long long)i, ds->describe, why ? why : "unknown reason");
+                     where, (long long)i, ds->describe, why ? why : "unknown reason");
   }
   if (train) {
     transform_train(&ds->transform, img, h, w, &rng, pixels);
@@ -606,6 +665,6 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     transform_eval(&ds->transform, img, h, w, pixels);
   }
   stbi_image_free(img);
-  *label = ds->class_of[i];
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[i] : ds->class_of[i];
   return 0;
 }

@@ -228,6 +228,9 @@ static const ConfigKey config_keys[] = {
      "random erasing probability per training image: one box filled with per-pixel normal "
      "noise after normalization (official: 0.25); 0 = off",
      SCALAR(reprob), .range = FROM_TO(0, 1)},
+    {"data.shuffle_buffer", KEY_INT, "8192",
+     "shards: samples held by the shuffle buffer each rank streams its tar files through",
+     SCALAR(shuffle_buffer), .range = AT_LEAST(1)},
     {"data.train_limit", KEY_INT, "0",
      "> 0: use only N training images (Fashion-MNIST: the first N; imagefolder: round-robin "
      "over the classes)",

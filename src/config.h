@@ -74,6 +74,7 @@ typedef struct {
   float color_jitter;          // brightness/contrast/saturation jitter when RandAugment is off
   char interpolation[16];      // "bilinear", "bicubic" or "random" (resizes and RandAugment)
   float reprob;                // random erasing probability per training sample
+  int shuffle_buffer;          // shards: samples held by the shuffle buffer
   int train_limit;             // > 0: use only the first N training samples (tests, quick runs)
   int val_limit;
 
