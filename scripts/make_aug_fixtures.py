@@ -23,7 +23,7 @@ Layout: swin.c is channels-last, so float batches are stored (B, H, W, C).
 Regenerate (CPU is enough, a few seconds):
     python3 -m venv /tmp/venv-aug && /tmp/venv-aug/bin/pip install torch torchvision timm pillow \
         numpy safetensors
-    /tmp/venv-aug/bin/python scripts/make_aug_fixtures.py --out tests/fixtures/aug_parity.safetensors
+    /tmp/venv-aug/bin/python scripts/make_aug_fixtures.py --out tests/fixtures/augment/aug_parity.safetensors
 Needs Fashion-MNIST in /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist).
 """
 import argparse
@@ -304,7 +304,7 @@ def mix_cases(tensors, meta):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="tests/fixtures/aug_parity.safetensors")
+    ap.add_argument("--out", default="tests/fixtures/augment/aug_parity.safetensors")
     args = ap.parse_args()
     random.seed(0)
     fm = fashion_images(2)

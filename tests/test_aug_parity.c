@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L  // strtok_r
 // test_aug_parity.c: swin.c's augmentations against timm, torchvision and Pillow, on the fixtures
-// of scripts/make_aug_fixtures.py (tests/fixtures/aug_parity.safetensors): real Fashion-MNIST
-// pixels and synthetic photo-like RGB images.
+// of scripts/make_aug_fixtures.py (tests/fixtures/augment/aug_parity.safetensors): real
+// Fashion-MNIST pixels and synthetic photo-like RGB images.
 //
 // Tolerances, and why they are what they are:
 //   uint8 image ops (RandAugment's 15 ops, RandomResizedCrop's resize, the eval resize + center
@@ -292,7 +292,7 @@ static void test_soft_loss(const SafeTensors *st) {
 }
 
 int main(void) {
-  const char *path = SWIN_SOURCE_DIR "/tests/fixtures/aug_parity.safetensors";
+  const char *path = SWIN_SOURCE_DIR "/tests/fixtures/augment/aug_parity.safetensors";
   SafeTensors st;
   Error err;
   if (safetensors_read(&st, path, &err) != 0) {
