@@ -160,7 +160,8 @@ static void sample_bilinear(ImageView s, double xin, double yin, uint8_t *out) {
 }
 
 // bicubic_filter8 / bicubic_filter32RGB: rows past the first that fall outside the image repeat
-// the previous row's value (Pillow's edge rule), columns are clamped.
+// the previous row's value (Pillow's edge rule), which is the same as reading the previous row
+// again; columns are clamped.
 static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
   xin -= 0.5;
   yin -= 0.5;
@@ -169,20 +170,30 @@ static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
   x--;
   y--;
   int xs[4];
+  const uint8_t *rows[4];
   for (int i = 0; i < 4; i++) xs[i] = clamp_index(x + i, s.w) * s.chans;
+  rows[0] = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
+  for (int r = 1; r < 4; r++)
+    rows[r] = y + r >= 0 && y + r < s.h ? s.px + (int64_t)(y + r) * s.stride : rows[r - 1];
+  // The row cubics of all channels are independent: their coefficients (exact small integers)
+  // go in lanes k = 4c + r and the Horner steps run over the lanes, which the compiler
+  // vectorizes; each lane's operations and their order are the macro's.
+  double p1[16], p2[16], p3[16], p4[16], v[16];
+  int lanes = 4 * s.chans;
   for (int c = 0; c < s.chans; c++) {
-    double v[4];
     for (int r = 0; r < 4; r++) {
-      int row = y + r;
-      if (r == 0) row = clamp_index(row, s.h);
-      if (r > 0 && (row < 0 || row >= s.h)) {
-        v[r] = v[r - 1];
-        continue;
-      }
-      const uint8_t *in = s.px + (int64_t)row * s.stride + c;
-      v[r] = cubic(in[xs[0]], in[xs[1]], in[xs[2]], in[xs[3]], dx);
+      const uint8_t *in = rows[r] + c;
+      int a = in[xs[0]], b = in[xs[1]], e = in[xs[2]], f = in[xs[3]], k = 4 * c + r;
+      p1[k] = b;
+      p2[k] = -a + e;
+      p3[k] = 2 * (a - b) + e - f;
+      p4[k] = -a + b - e + f;
     }
-    double v1 = cubic(v[0], v[1], v[2], v[3], dy);
+  }
+  for (int k = 0; k < lanes; k++) v[k] = p1[k] + dx * (p2[k] + dx * (p3[k] + dx * p4[k]));
+  for (int c = 0; c < s.chans; c++) {
+    const double *w = v + 4 * c;
+    double v1 = cubic(w[0], w[1], w[2], w[3], dy);
     out[c] = v1 <= 0.0 ? 0 : v1 >= 255.0 ? 255 : (uint8_t)v1;
   }
 }
