@@ -234,6 +234,11 @@ void color_jitter_image(float jitter, uint8_t *img, int h, int w, int chans, Rng
   double lo = 1.0 - jitter > 0 ? 1.0 - jitter : 0, hi = 1.0 + jitter;
   double factor[3];
   for (int k = 0; k < 3; k++) factor[k] = lo + (hi - lo) * rng_uniform_double(rng);
+  color_jitter_apply(order, factor, img, h, w, chans);
+}
+
+void color_jitter_apply(const int order[4], const double factor[3], uint8_t *img, int h, int w,
+                        int chans) {
   for (int i = 0; i < 4; i++) {
     if (order[i] == 0) image_enhance_brightness(img, h, w, chans, factor[0]);
     if (order[i] == 1) image_enhance_contrast(img, h, w, chans, factor[1]);

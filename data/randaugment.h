@@ -73,6 +73,11 @@ void randaugment_image(const RandAugmentPolicy *p, ResampleChoice resample, cons
                        uint8_t *img, int h, int w, int chans, Rng *rng);
 // ColorJitter(j, j, j) over img (h, w, chans), draws from rng; j > 0.
 void color_jitter_image(float jitter, uint8_t *img, int h, int w, int chans, Rng *rng);
+// The deterministic part: the adjustments in `order` (a permutation of 0..3: brightness,
+// contrast, saturation, hue; hue does nothing) with factors factor[0..2], as torchvision's
+// adjust_brightness / adjust_contrast / adjust_saturation do on PIL images.
+void color_jitter_apply(const int order[4], const double factor[3], uint8_t *img, int h, int w,
+                        int chans);
 
 // The interpolation a resize or op uses: fixed, or drawn from rng for RESAMPLE_RANDOM.
 Interp resample_pick(ResampleChoice choice, Rng *rng);

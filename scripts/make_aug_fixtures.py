@@ -12,6 +12,7 @@ to one safetensors file:
   rrc/<img>/<interp>/<t>,<l>,<h>,<w>/<oh>x<ow>  torchvision resized_crop (RandomResizedCrop's
                                     resize) of a given box: up- and downscaling
   eval/<img>/<interp>/<oh>x<ow>/<crop_pct>       timm's eval transform (Resize + CenterCrop)
+  jitter/<img>/<order>/<b>,<c>,<s>  ColorJitter's adjustments in a given order with given factors
   erase/...                         timm RandomErasing('pixel') driven to given boxes, with the
                                     per-pixel fill swin.c generates (src/rng.h, ported below)
   mixup/..., cutmix/...             timm Mixup('batch') with a given lambda (and cutmix center):
@@ -147,6 +148,21 @@ def resize_cases(images, tensors):
                     break
                 pil = t(pil)
             tensors[f"eval/{name}/{interp}/{oh}x{ow}/{crop_pct}"] = as_array(pil)
+
+
+# ---- ColorJitter (torchvision's adjust_* on PIL images) with given order and factors ----
+
+def jitter_cases(images, tensors):
+    adjust = [TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation]
+    cases = [((2, 0, 3, 1), (0.71, 1.33, 0.62)), ((1, 2, 0, 3), (1.38, 0.64, 1.25))]
+    for name in ("syn0", "fm0"):
+        for order, factors in cases:
+            pil = as_pil(images[name])
+            for fn in order:
+                if fn < 3:
+                    pil = adjust[fn](pil, factors[fn])
+            key = f"jitter/{name}/{''.join(map(str, order))}/{','.join(map(str, factors))}"
+            tensors[key] = as_array(pil)
 
 
 # ---- swin.c's per-pixel erase fill (src/rng.h), ported to numpy fp32 ----
@@ -316,6 +332,7 @@ def main():
         tensors[f"img/{name}"] = img
     randaugment_cases({k: v for k, v in images.items() if k != "big"}, tensors, meta)
     resize_cases(images, tensors)
+    jitter_cases(images, tensors)
     erase_cases(tensors, meta)
     mix_cases(tensors, meta)
     meta.update(smoothing=repr(SMOOTHING), fill_rgb=",".join(map(str, FILL_RGB)), fill_l=str(FILL_L),

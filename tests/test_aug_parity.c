@@ -5,14 +5,14 @@
 //
 // Tolerances, and why they are what they are:
 //   uint8 image ops (RandAugment's 15 ops, RandomResizedCrop's resize, the eval resize + center
-//   crop): 0 differing bytes. image_ops.c repeats Pillow's integer and fixed-point arithmetic
-//   (22-bit resampling coefficients, 16-bit luma, LUTs) and its float/double expressions in
-//   Pillow's order, so rounding is the same, not merely close; a single byte off is a bug.
-//   RandAugment's level functions: the argument equal to timm's double exactly.
-//   Random erasing, mixup, cutmix, soft targets: bitwise (the same fp32 operations as PyTorch's,
-//   and the erase fill is swin.c's generator, ported to numpy fp32 by the fixture script).
-//   Soft-target cross entropy: fp32 logits, double sums, gradient rounded to fp32: rel err <=
-//   1e-6 for the gradient, |loss - ref| <= 1e-6 * loss against timm in float64.
+//   crop, ColorJitter's adjustments): 0 differing bytes. image_ops.c repeats Pillow's integer and
+//   fixed-point arithmetic (22-bit resampling coefficients, 16-bit luma, LUTs) and its float/double
+//   expressions in Pillow's order, so rounding is the same, not merely close; a single byte off is
+//   a bug. RandAugment's level functions: the argument equal to timm's double exactly. Random
+//   erasing, mixup, cutmix, soft targets: bitwise (the same fp32 operations as PyTorch's, and the
+//   erase fill is swin.c's generator, ported to numpy fp32 by the fixture script). Soft-target
+//   cross entropy: fp32 logits, double sums, gradient rounded to fp32: rel err <= 1e-6 for the
+//   gradient, |loss - ref| <= 1e-6 * loss against timm in float64.
 #include <stdlib.h>
 
 #include "data/batch_augment.h"
@@ -184,6 +184,38 @@ static void test_resize(const SafeTensors *st) {
   }
 }
 
+static void test_jitter(const SafeTensors *st) {
+  int cases = 0;
+  for (int i = 0; i < st->count; i++) {
+    const SafeTensorEntry *e = &st->entries[i];
+    if (strncmp(e->name, "jitter/", 7) != 0) continue;
+    char img_name[32], order_s[8];
+    double f[3];
+    int h, w, C;
+    const uint8_t *src = NULL;
+    if (sscanf(e->name, "jitter/%31[^/]/%4[0-9]/%lf,%lf,%lf", img_name, order_s, &f[0], &f[1],
+               &f[2]) == 5)
+      src = image(st, img_name, &h, &w, &C);
+    if (!src) {
+      test_check(0, "fixture case '%s' not understood", e->name);
+      continue;
+    }
+    int order[4];
+    for (int k = 0; k < 4; k++) order[k] = order_s[k] - '0';
+    int64_t n = (int64_t)h * w * C;
+    uint8_t *got = malloc_check((size_t)n);
+    memcpy(got, src, (size_t)n);
+    color_jitter_apply(order, f, got, h, w, C);
+    int max_diff = 0;
+    int64_t d = bytes_differ(got, safetensors_entry_data(st, e), n, &max_diff);
+    test_check(d == 0, "%-44s %lld of %lld bytes differ (max %d, tol 0)", e->name, (long long)d,
+               (long long)n, max_diff);
+    free(got);
+    cases++;
+  }
+  test_check(cases >= 4, "ColorJitter: %d fixture cases", cases);
+}
+
 static int64_t floats_differ(const float *a, const float *b, int64_t n) {
   int64_t d = 0;
   for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -304,6 +336,7 @@ int main(void) {
          safetensors_meta_get(&st, "torch_version"));
   test_randaugment(&st);
   test_resize(&st);
+  test_jitter(&st);
   test_erase(&st);
   test_mix(&st);
   test_soft_loss(&st);
