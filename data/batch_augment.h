@@ -18,6 +18,17 @@
 //   Soft targets: t[b] = onehot_s(y[b]) * lam + onehot_s(y[B-1-b]) * (1 - lam) with
 //     onehot_s = (1 - s + s/K on the label, s/K elsewhere), in fp32 like PyTorch's
 //     mixup_target; the loss then takes them with smoothing 0.
+//
+// The training step, once per batch b (B = b->count, images (B, H, W, C) normalized):
+//   setup:  opts = batch_augment_options(cfg, rank); if batch_augment_active(&opts): EraseBox
+//           boxes[batch] (host), plus on the GPU a device EraseBox[batch]; if
+//           batch_augment_soft_targets(&opts): soft (batch, K) on the host (+ its device copy).
+//   step:   normalize; batch_augment_draw(&opts, b, H, W, boxes, &aug, soft, err);
+//           batch_augment_cpu(images, &aug, B, H, W, C)  or
+//           batch_augment_cuda(d_images, &aug, d_boxes, B, H, W, C, stream) (+ upload soft);
+//           forward; loss with soft targets and smoothing 0 when soft targets are on, else with
+//           the labels and train.label_smoothing; backward as usual.
+// Evaluation uses none of this.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
