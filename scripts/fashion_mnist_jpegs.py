@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes Fashion-MNIST as an ImageFolder of upscaled RGB JPEGs (the JPEG path's real data run).
 
-    python3 scripts/fashion_mnist_jpegs.py OUT [--size 112] [--quality 90] [--src DIR]
+    python3 scripts/fashion_mnist_jpegs.py OUT [--size 112] [--quality 90] [--src DIR] [--limit N]
 
 Reads the IDX files (default /usr/share/datasets/fashion-mnist, from Debian's
 dataset-fashion-mnist), upscales each 28x28 image to SIZE x SIZE with Pillow's bicubic filter,
@@ -33,12 +33,13 @@ def find(src, name):
     raise SystemExit(f"{src}/{name}(.gz) not found (apt-get install dataset-fashion-mnist)")
 
 
-def write_split(src, prefix, out, size, quality):
+def write_split(src, prefix, out, size, quality, limit):
     images = read_idx(find(src, f"{prefix}-images-idx3-ubyte"))
     labels = read_idx(find(src, f"{prefix}-labels-idx1-ubyte"))
     n, h, w = (int.from_bytes(images[4 * i:4 * i + 4], "big") for i in (1, 2, 3))
     for c in CLASSES:
         os.makedirs(os.path.join(out, c), exist_ok=True)
+    n = min(n, limit) if limit > 0 else n
     for i in range(n):
         pixels = images[16 + i * h * w:16 + (i + 1) * h * w]
         img = Image.frombytes("L", (w, h), pixels).resize((size, size), Image.BICUBIC)
@@ -53,9 +54,11 @@ def main():
     ap.add_argument("--size", type=int, default=112)
     ap.add_argument("--quality", type=int, default=90)
     ap.add_argument("--src", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N images of each split")
     args = ap.parse_args()
     for prefix, split in (("train", "train"), ("t10k", "val")):
-        n = write_split(args.src, prefix, os.path.join(args.out, split), args.size, args.quality)
+        n = write_split(args.src, prefix, os.path.join(args.out, split), args.size, args.quality,
+                        args.limit)
         print(f"{split}: {n} images at {args.size}x{args.size}")
 
 
