@@ -86,7 +86,8 @@ static void claim(Loader *L, Slot *sl, int64_t s) {
   sl->seq = s;
   sl->batch.epoch = o->train ? g / L->per_epoch : o->start_epoch;
   sl->batch.index = o->train ? g % L->per_epoch : g;
-  // Rank r takes the contiguous slice [r*B, (r+1)*B) of the global batch.
+  // Rank r takes the contiguous slice [r*B, (r+1)*B) of the global batch; on a stream (tar
+  // shards) it takes [k*B, (k+1)*B) of its own order instead.
   bool stream = o->train && dataset_is_stream(L->ds);
   int64_t base = stream ? sl->batch.index * o->batch_size
                         : sl->batch.index * L->global_batch + (int64_t)o->rank * o->batch_size;
