@@ -125,8 +125,10 @@ void image_resize(ImageView src, int out_h, int out_w, int win_top, int win_left
 
 // ---- affine transforms (Pillow Geometry.c) ----
 
+// Pillow's FLOOR: truncation, one lower for negative non-integers (without a libm call).
 static int pil_floor(double v) {
-  return v < 0.0 ? (int)floor(v) : (int)v;
+  int t = (int)v;
+  return v < 0.0 && (double)t != v ? t - 1 : t;
 }
 static int clamp_index(int i, int n) {
   return i < 0 ? 0 : i < n ? i : n - 1;
