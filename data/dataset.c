@@ -8,12 +8,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "data/batch_augment.h"
 #include "data/loader.h"
+#include "data/shards.h"
 #include "data/transform.h"
 #include "src/rng.h"
 
@@ -22,7 +25,12 @@
 
 #define PATH_BYTES 4096
 
-typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER, DATASET_SYNTHETIC } DatasetKind;
+typedef enum {
+  DATASET_FASHION_MNIST,
+  DATASET_IMAGEFOLDER,
+  DATASET_SHARDS,
+  DATASET_SYNTHETIC
+} DatasetKind;
 
 struct Dataset {
   DatasetKind kind;
@@ -43,6 +51,10 @@ struct Dataset {
 
   // Synthetic: the seed that keys its pixels and labels.
   uint64_t synthetic_seed;
+
+  // Shards: the tar index, and the shuffle buffer of training streams.
+  ShardSet shards;
+  int64_t shuffle_buffer;
 };
 
 static const char *HINT_PATH_EXAMPLE =
@@ -457,6 +469,42 @@ done:
   return rc;
 }
 
+// ---- tar shards ----
+
+static int open_shards(Dataset *ds, const Config *cfg, const char *split, Error *err) {
+  char split_dir[PATH_BYTES];
+  if (join_path(split_dir, cfg->path, split, err)) return -1;
+  if (!is_dir(split_dir))
+    return error_set(err,
+                     "shards split directory '%s' does not exist\n"
+                     "HINT: data.dataset=shards reads <data.path>/train/*.tar and "
+                     "<data.path>/val/*.tar (scripts/make_shards.py writes them)",
+                     split_dir);
+  if (shards_open(&ds->shards, split_dir, err) != 0) return -1;
+  int limit = strcmp(split, "train") == 0 ? cfg->train_limit : cfg->val_limit;
+  shards_limit(&ds->shards, limit);
+  ds->n = ds->shards.n;
+  ds->num_classes = ds->shards.max_label + 1;
+  ds->shuffle_buffer = cfg->shuffle_buffer > 0 ? cfg->shuffle_buffer : 1;
+  snprintf(ds->describe, sizeof ds->describe,
+           "shards %s (%s): %lld images in %d tar files, %d classes", split, split_dir,
+           (long long)ds->n, ds->shards.num_shards, ds->num_classes);
+  return 0;
+}
+
+bool dataset_is_stream(const Dataset *ds) {
+  return ds->kind == DATASET_SHARDS;
+}
+
+int64_t dataset_stream_samples(const Dataset *ds, int rank, int world) {
+  return shards_rank_samples(&ds->shards, rank, world);
+}
+
+void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int rank, int world,
+                          int64_t *order) {
+  shards_epoch_order(&ds->shards, seed, epoch, rank, world, ds->shuffle_buffer, order);
+}
+
 // ---- public ----
 
 // Random pixels and labels, a pure function of (seed, split, index): no files, for benchmarks
@@ -481,6 +529,12 @@ static void load_synthetic(const Dataset *ds, int64_t i, uint8_t *pixels, int *l
     for (int64_t j = k; j < k + 4 && j < bytes; j++, u >>= 8) pixels[j] = (uint8_t)u;
   }
   *label = (int)rng_below(&r, (uint32_t)ds->num_classes);
+}
+
+static ResampleChoice resample_choice(const char *name) {
+  if (strcmp(name, "bicubic") == 0) return RESAMPLE_BICUBIC;
+  if (strcmp(name, "random") == 0) return RESAMPLE_RANDOM;
+  return RESAMPLE_BILINEAR;
 }
 
 int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err) {
@@ -508,6 +562,9 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
                      "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
                      cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
   }
+  RandAugmentPolicy randaugment;
+  if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
+  if (strcmp(split, "train") == 0 && batch_augment_refuse_until_wired(cfg, err) != 0) return -1;
   Dataset *ds = calloc_check(1, sizeof *ds);
   ds->transform = (TransformParams){.out_h = cfg->img_h,
                                     .out_w = cfg->img_w,
@@ -517,7 +574,15 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
                                     .ratio_min = cfg->ratio_min,
                                     .ratio_max = cfg->ratio_max,
                                     .hflip = cfg->hflip,
-                                    .crop_pct = cfg->crop_pct};
+                                    .crop_pct = cfg->crop_pct,
+                                    .resample = resample_choice(cfg->interpolation),
+                                    .randaugment = randaugment,
+                                    .color_jitter = cfg->color_jitter};
+  // timm's img_mean: min(255, round(255 * mean)) per channel, RandAugment's fill colour.
+  for (int c = 0; c < cfg->in_chans && c < 4; c++) {
+    double v = nearbyint(255.0 * cfg->mean[cfg->num_mean == 1 ? 0 : c]);
+    ds->transform.fill[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
   int rc;
   if (strcmp(cfg->dataset, "fashion_mnist") == 0) {
     ds->kind = DATASET_FASHION_MNIST;
@@ -525,12 +590,15 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   } else if (strcmp(cfg->dataset, "imagefolder") == 0) {
     ds->kind = DATASET_IMAGEFOLDER;
     rc = open_imagefolder(ds, cfg, split, err);
+  } else if (strcmp(cfg->dataset, "shards") == 0) {
+    ds->kind = DATASET_SHARDS;
+    rc = open_shards(ds, cfg, split, err);
   } else if (strcmp(cfg->dataset, "synthetic") == 0) {
     ds->kind = DATASET_SYNTHETIC;
     rc = open_synthetic(ds, cfg, split);
   } else {
     rc = error_set(err,
-                   "data.dataset '%s' is unknown\nHINT: use fashion_mnist, imagefolder or "
+                   "data.dataset '%s' is unknown\nHINT: use fashion_mnist, imagefolder, shards or "
                    "synthetic",
                    cfg->dataset);
   }
@@ -554,6 +622,7 @@ void dataset_close(Dataset *ds) {
     free(ds->paths);
   }
   free(ds->class_of);
+  shards_close(&ds->shards);
   free(ds);
 }
 
@@ -593,6 +662,7 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
   if (ds->kind == DATASET_FASHION_MNIST) {
     // Transform the single gray channel, then replicate: 3x less resampling work.
+    // RandAugment's fill is per channel, so colour ops run after the expansion.
     TransformParams gray = ds->transform;
     gray.chans = 1;
     const uint8_t *src = ds->images + i * ds->src_h * ds->src_w;
@@ -603,24 +673,40 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     if (ds->transform.chans > 1) {
       replicate_gray(pixels, (int64_t)gray.out_h * gray.out_w, ds->transform.chans);
     }
+    if (train) transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
     *label = ds->labels[i];
     return 0;
   }
   int w = 0, h = 0, file_chans = 0;
   // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channel count.
-  uint8_t *img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
+  uint8_t *img = NULL;
+  char where[PATH_BYTES + 64];
+  if (ds->kind == DATASET_SHARDS) {
+    size_t size = 0;
+    uint8_t *bytes = shards_read(&ds->shards, i, &size, err);
+    if (!bytes) return -1;
+    img = stbi_load_from_memory(bytes, (int)size, &w, &h, &file_chans, ds->transform.chans);
+    free(bytes);
+    snprintf(where, sizeof where, "%s, bytes %lld..", ds->shards.paths[ds->shards.shard[i]],
+             (long long)ds->shards.offset[i]);
+  } else {
+    img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
+    snprintf(where, sizeof where, "%s", ds->paths[i]);
+  }
   if (!img) {
     const char *why = stbi_failure_reason();
     return error_set(err,
                      "cannot decode image '%s' (sample %lld of %s): %s\n"
                      "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it",
-                     ds->paths[i], (long long)i, ds->describe, why ? why : "unknown reason");
+                     where, (long long)i, ds->describe, why ? why : "unknown reason");
   }
-  if (train)
+  if (train) {
     transform_train(&ds->transform, img, h, w, &rng, pixels);
-  else
+    transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
+  } else {
     transform_eval(&ds->transform, img, h, w, pixels);
+  }
   stbi_image_free(img);
-  *label = ds->class_of[i];
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[i] : ds->class_of[i];
   return 0;
 }

@@ -86,8 +86,11 @@ static void claim(Loader *L, Slot *sl, int64_t s) {
   sl->seq = s;
   sl->batch.epoch = o->train ? g / L->per_epoch : o->start_epoch;
   sl->batch.index = o->train ? g % L->per_epoch : g;
-  // Rank r takes the contiguous slice [r*B, (r+1)*B) of the global batch.
-  int64_t base = sl->batch.index * L->global_batch + (int64_t)o->rank * o->batch_size;
+  // Rank r takes the contiguous slice [r*B, (r+1)*B) of the global batch; on a stream (tar
+  // shards) it takes [k*B, (k+1)*B) of its own order instead.
+  bool stream = o->train && dataset_is_stream(L->ds);
+  int64_t base = stream ? sl->batch.index * o->batch_size
+                        : sl->batch.index * L->global_batch + (int64_t)o->rank * o->batch_size;
   int64_t count = L->n - base;
   if (count > o->batch_size) count = o->batch_size;
   if (count < 0) count = 0;  // eval's last batch may leave a rank nothing
@@ -96,7 +99,10 @@ static void claim(Loader *L, Slot *sl, int64_t s) {
     // Claims are in order, so epochs never go back and one cached permutation suffices; the
     // indices are copied, so a worker never reads a permutation that is being replaced.
     if (L->perm_epoch != sl->batch.epoch) {
-      shuffle(L->perm, L->n, o->seed, sl->batch.epoch);
+      if (stream)
+        dataset_stream_order(L->ds, o->seed, sl->batch.epoch, o->rank, o->world, L->perm);
+      else
+        shuffle(L->perm, L->n, o->seed, sl->batch.epoch);
       L->perm_epoch = sl->batch.epoch;
     }
     for (int64_t j = 0; j < count; j++) sl->samples[j] = L->perm[base + j];
@@ -162,6 +168,23 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
   }
   int64_t n = dataset_size(ds), global_batch = (int64_t)opt->batch_size * opt->world;
   int64_t per_epoch = opt->train ? n / global_batch : (n + global_batch - 1) / global_batch;
+  bool stream = opt->train && dataset_is_stream(ds);
+  if (stream) {
+    // Each rank streams its own shards; all make as many steps as the smallest share allows.
+    int64_t fewest = INT64_MAX;
+    for (int r = 0; r < opt->world; r++) {
+      int64_t mine = dataset_stream_samples(ds, r, opt->world);
+      fewest = mine < fewest ? mine : fewest;
+    }
+    per_epoch = fewest / opt->batch_size;
+    if (per_epoch == 0)
+      return error_set(err,
+                       "loader: %s: rank r streams the tar files r, r + %d, ...; the smallest "
+                       "share holds %lld samples, fewer than one batch of %d\n"
+                       "HINT: write more, smaller shards (at least one per rank) or lower "
+                       "train.batch_size",
+                       dataset_describe(ds), opt->world, (long long)fewest, opt->batch_size);
+  }
   if (per_epoch == 0) {
     return error_set(err,
                      "loader: %s holds fewer samples than one batch of %d x %d ranks; training "
@@ -197,6 +220,7 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
     Slot *sl = &L->slots[i];
     sl->state = SLOT_FREE;
     sl->samples = malloc_check(sizeof(int64_t) * (size_t)opt->batch_size);
+    sl->batch.samples = sl->samples;
     sl->batch.pixels = buffer_alloc(opt, pixel_bytes);
     sl->batch.labels = buffer_alloc(opt, label_bytes);
     if (!sl->batch.pixels || !sl->batch.labels) {

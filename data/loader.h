@@ -1,8 +1,9 @@
 // loader.h: datasets, augmentation and the threaded batch loader.
 //
 // A Dataset is a list of samples (an image source and a label): Fashion-MNIST from gzipped IDX
-// files, or an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name) decoded with
-// stb_image. Every sample becomes an img_h x img_w x in_chans uint8 image:
+// files, an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name) or tar shards
+// (root/<split>/*.tar of NNNNNN.jpg + NNNNNN.cls, data/shards.h), decoded with stb_image. Every
+// sample becomes an img_h x img_w x in_chans uint8 image:
 //   train: RandomResizedCrop(scale, ratio) + horizontal flip, every draw from the counter-based
 //          RNG keyed by (seed, epoch, sample index), so results never depend on threads;
 //   eval:  resize so the shorter side is img / crop_pct, then center crop img.
@@ -10,7 +11,10 @@
 // trainer. Global batch k of epoch e holds samples perm_e[k*G .. (k+1)*G), G = batch_size *
 // world (train: a permutation drawn from (seed, epoch), last partial batch dropped; eval: in
 // order, last batch partial), and rank r takes its contiguous slice [r*batch_size,
-// (r+1)*batch_size) of it (in eval's last batch a rank's slice may be short or empty). Buffers
+// (r+1)*batch_size) of it (in eval's last batch a rank's slice may be short or empty). Training
+// on shards instead takes rank r's batch k from its own stream order (dataset_stream_order):
+// samples [k*batch_size, (k+1)*batch_size), with min over ranks of dataset_stream_samples /
+// batch_size batches per epoch, so every rank makes the same number of steps. Buffers
 // come from an allocator hook, so the CUDA backend can make them page-locked.
 #pragma once
 #include <stdbool.h>
@@ -28,16 +32,26 @@ int64_t dataset_size(const Dataset *ds);
 int dataset_num_classes(const Dataset *ds);
 const char *dataset_describe(const Dataset *ds);  // "fashion-mnist train: 60000 images, 10 classes"
 
+// Tar shards are read as streams (data/shards.h): training batches of rank r come from r's own
+// shards through a shuffle buffer, not from a global permutation. For such a dataset
+// dataset_stream_samples gives the samples rank owns, and dataset_stream_order its order in
+// epoch (dataset indices, dataset_stream_samples of them), drawn from (seed, epoch, rank).
+bool dataset_is_stream(const Dataset *ds);
+int64_t dataset_stream_samples(const Dataset *ds, int rank, int world);
+void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int rank, int world,
+                          int64_t *order);
+
 // Loads sample i into pixels (img_h, img_w, in_chans) with the train or eval transform.
 // train draws come from (seed, epoch, i). Errors name the image file.
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err);
 
 typedef struct {
-  uint8_t *pixels;  // (count, img_h, img_w, in_chans)
-  int *labels;      // (count)
-  int count;        // samples in this batch (eval's last batch may be short)
-  int64_t epoch;    // which epoch and which batch of that epoch this is
+  uint8_t *pixels;   // (count, img_h, img_w, in_chans)
+  int *labels;       // (count)
+  int64_t *samples;  // (count) dataset indices of the samples (per-sample augmentation keys)
+  int count;         // samples in this batch (eval's last batch may be short)
+  int64_t epoch;     // which epoch and which batch of that epoch this is
   int64_t index;
 } Batch;
 

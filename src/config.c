@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/randaugment.h"
 #include "src/config_keys.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -181,6 +182,20 @@ static const ConfigKey config_keys[] = {
     {"train.nonfinite_max", KEY_INT, "20",
      "steps in a row that may be skipped (non-finite, or fp16 overflow) before the run stops",
      SCALAR(nonfinite_max), .range = AT_LEAST(1)},
+    {"train.mixup", KEY_FLOAT, "0",
+     "mixup alpha: a batch is blended with its reverse, weight lam ~ Beta(alpha, alpha), "
+     "targets mixed alike (official: 0.8); 0 = off",
+     SCALAR(mixup), .range = AT_LEAST(0)},
+    {"train.cutmix", KEY_FLOAT, "0",
+     "cutmix alpha: a box of each image is replaced by the reverse batch's, area from "
+     "Beta(alpha, alpha) (official: 1.0); 0 = off",
+     SCALAR(cutmix), .range = AT_LEAST(0)},
+    {"train.mixup_prob", KEY_FLOAT, "1.0",
+     "probability that a batch is mixed at all when mixup or cutmix is on", SCALAR(mixup_prob),
+     .range = FROM_TO(0, 1)},
+    {"train.mixup_switch_prob", KEY_FLOAT, "0.5",
+     "with both mixup and cutmix on: probability that a mixed batch uses cutmix",
+     SCALAR(mixup_switch_prob), .range = FROM_TO(0, 1)},
     {"train.log_every", KEY_INT, "50", "steps between progress lines and metrics.jsonl records",
      SCALAR(log_every), .range = AT_LEAST(1)},
     {"train.eval_every", KEY_INT, "0", "steps between evaluations; 0 = at the end of every epoch",
@@ -190,12 +205,13 @@ static const ConfigKey config_keys[] = {
 
     // [data]
     {"data.dataset", KEY_ENUM, "imagefolder",
-     "fashion_mnist (IDX files), imagefolder (one directory per class) or synthetic (random "
-     "pixels and labels, for benchmarks and tests: data.train_limit images, 12800 if 0)",
-     TEXT(dataset), .choices = "fashion_mnist|imagefolder|synthetic"},
+     "fashion_mnist (IDX files), imagefolder (one directory per class), shards (WebDataset-style "
+     "tar files of NNNNNN.jpg + NNNNNN.cls) or synthetic (random pixels and labels, for "
+     "benchmarks and tests: data.train_limit images, 12800 if 0)",
+     TEXT(dataset), .choices = "fashion_mnist|imagefolder|shards|synthetic"},
     {"data.path", KEY_STRING, "",
      "fashion_mnist: the directory with the IDX(.gz) files; imagefolder: the root holding "
-     "train/ and val/",
+     "train/ and val/; shards: the root holding train/*.tar and val/*.tar",
      TEXT(path)},
     {"data.workers", KEY_INT, "4", "loader threads decoding and augmenting images", SCALAR(workers),
      .range = AT_LEAST(1)},
@@ -217,6 +233,26 @@ static const ConfigKey config_keys[] = {
     {"data.crop_pct", KEY_FLOAT, "0.875",
      "evaluation: resize to img_size / crop_pct, then center-crop img_size", SCALAR(crop_pct),
      .range = ABOVE_TO(0, 1)},
+    {"data.interpolation", KEY_ENUM, "bilinear",
+     "resampling of RandomResizedCrop, the eval resize and RandAugment's geometric ops, with "
+     "Pillow's kernels (antialiased when shrinking); random = bilinear or bicubic per image "
+     "(eval: bicubic)",
+     TEXT(interpolation), .choices = "bilinear|bicubic|random"},
+    {"data.randaugment", KEY_STRING, "",
+     "timm RandAugment spec applied to training images, e.g. rand-m9-mstd0.5-inc1 (official); "
+     "empty = off",
+     TEXT(randaugment)},
+    {"data.color_jitter", KEY_FLOAT, "0",
+     "brightness, contrast and saturation jitter strength of training images, used only when "
+     "data.randaugment is off (timm: 0.4); 0 = off",
+     SCALAR(color_jitter), .range = AT_LEAST(0)},
+    {"data.reprob", KEY_FLOAT, "0",
+     "random erasing probability per training image: one box filled with per-pixel normal "
+     "noise after normalization (official: 0.25); 0 = off",
+     SCALAR(reprob), .range = FROM_TO(0, 1)},
+    {"data.shuffle_buffer", KEY_INT, "8192",
+     "shards: samples held by the shuffle buffer each rank streams its tar files through",
+     SCALAR(shuffle_buffer), .range = AT_LEAST(1)},
     {"data.train_limit", KEY_INT, "0",
      "> 0: use only N training images (Fashion-MNIST: the first N; imagefolder: round-robin "
      "over the classes)",
@@ -1103,6 +1139,18 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "HINT: set precision=fp32, or device=cuda (or auto on a GPU "
                      "machine)",
                      c->precision);
+  RandAugmentPolicy randaugment;
+  if (randaugment_parse(&randaugment, c->randaugment, err) != 0) return -1;
+  if ((randaugment.enabled || c->color_jitter > 0) && c->in_chans != 1 && c->in_chans != 3)
+    return error_set(err,
+                     "data.randaugment / data.color_jitter work on gray or RGB images, but "
+                     "model.in_chans is %d\nHINT: set model.in_chans=3 or turn them off",
+                     c->in_chans);
+  if ((c->mixup > 0 || c->cutmix > 0) && c->batch_size % 2 != 0)
+    return error_set(err,
+                     "train.mixup / train.cutmix pair each sample with the batch's reverse, so "
+                     "train.batch_size must be even (it is %d)\nHINT: set train.batch_size=%d",
+                     c->batch_size, c->batch_size + 1);
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)

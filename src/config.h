@@ -51,16 +51,20 @@ typedef struct {
   float beta1, beta2, eps;
   float clip_grad;  // global-norm clip; 0 = off
   float label_smoothing;
-  float loss_scale;       // fp16: initial dynamic loss scale
-  int loss_scale_window;  // fp16: clean steps before the scale doubles
-  char nonfinite[8];      // "stop" or "skip"
-  int nonfinite_max;      // skipped steps in a row before the run stops
-  int log_every;          // steps between progress lines / metrics records
-  int eval_every;         // steps between evaluations; 0 = at the end of every epoch
+  float loss_scale;         // fp16: initial dynamic loss scale
+  int loss_scale_window;    // fp16: clean steps before the scale doubles
+  char nonfinite[8];        // "stop" or "skip"
+  int nonfinite_max;        // skipped steps in a row before the run stops
+  float mixup;              // mixup Beta alpha; 0 = off
+  float cutmix;             // cutmix Beta alpha; 0 = off
+  float mixup_prob;         // probability that a batch is mixed at all
+  float mixup_switch_prob;  // with both on: probability of cutmix instead of mixup
+  int log_every;            // steps between progress lines / metrics records
+  int eval_every;           // steps between evaluations; 0 = at the end of every epoch
   int eval_batch_size;
 
   // [data]
-  char dataset[32];  // "fashion_mnist", "imagefolder" or "synthetic"
+  char dataset[32];  // "fashion_mnist", "imagefolder", "shards" or "synthetic"
   char path[CONFIG_STR_MAX];
   int workers;
   int prefetch;  // batches the loader may run ahead
@@ -70,6 +74,11 @@ typedef struct {
   float ratio_min, ratio_max;  // RandomResizedCrop aspect range
   float hflip;                 // probability
   float crop_pct;              // eval: resize to img / crop_pct, then center crop img
+  char randaugment[64];        // "" (off) or a timm RandAugment spec, e.g. rand-m9-mstd0.5-inc1
+  float color_jitter;          // brightness/contrast/saturation jitter when RandAugment is off
+  char interpolation[16];      // "bilinear", "bicubic" or "random" (resizes and RandAugment)
+  float reprob;                // random erasing probability per training sample
+  int shuffle_buffer;          // shards: samples held by the shuffle buffer
   int train_limit;             // > 0: use only the first N training samples (tests, quick runs)
   int val_limit;
 

@@ -423,6 +423,25 @@ static void test_validate_errors(void) {
               "model.mlp_ratio 2.7", "not a whole number");
   CHECK_ERROR("min_lr above the peak lr", VALIDATE_WITH(&err, "train.min_lr=1e-3"), &err,
               "train.min_lr 0.001 is above the peak train.lr 0.0005", "HINT:");
+  // The training recipe's augmentation keys.
+  CHECK_ERROR("RandAugment spec with an unknown section",
+              VALIDATE_WITH(&err, "data.randaugment=rand-m9-foo1"), &err,
+              "data.randaugment 'rand-m9-foo1': unknown section 'foo1'",
+              "HINT:", "rand-m9-mstd0.5-inc1");
+  CHECK_ERROR("RandAugment spec of another policy",
+              VALIDATE_WITH(&err, "data.randaugment=augmix-m5"), &err,
+              "does not start with 'rand'");
+  CHECK_ERROR("RandAugment on 2 channels",
+              VALIDATE_WITH(&err, "data.randaugment=rand-m9", "model.in_chans=2", "data.mean=0.5",
+                            "data.std=0.5"),
+              &err, "model.in_chans is 2");
+  CHECK_ERROR("mixup with an odd batch",
+              VALIDATE_WITH(&err, "train.mixup=0.8", "train.batch_size=5"), &err,
+              "train.batch_size must be even (it is 5)", "HINT: set train.batch_size=6");
+  check_ok("the official recipe's augmentations",
+           VALIDATE_WITH(&err, "data.randaugment=rand-m9-mstd0.5-inc1", "data.reprob=0.25",
+                         "train.mixup=0.8", "train.cutmix=1.0", "data.interpolation=bicubic"),
+           &err);
   check_ok("one mean/std value for 1 channel",
            VALIDATE_WITH(&err, "model.in_chans=1", "data.mean=0.5", "data.std=0.25"), &err);
   check_ok("batch 4 with lr scaling (all rates scale alike)",

@@ -812,6 +812,57 @@ static void test_augment_keys(TestRng *r) {
   dataset_close(ds);
 }
 
+// The colour stage of the train transform: RandAugment with p0 (every op skipped) equals no
+// RandAugment bit for bit (its draws come after the geometric ones), while the real policy and
+// colour jitter change most samples and repeat exactly for the same key.
+static void test_color_stage(TestRng *r) {
+  enum { N = 24, H = 28, W = 28, OUT = 24 };
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/color", tmp_root);
+  make_dir("%s%s", dir, "");
+  uint8_t pixels[N * H * W], labels[N];
+  fill_random(r, pixels, sizeof pixels, 0, 255);
+  for (int i = 0; i < N; i++) labels[i] = (uint8_t)(i % 10);
+  write_idx_pair(dir, "train", pixels, labels, N, H, W, false);
+  const char *specs[4] = {"", "rand-m9-mstd0.5-inc1-p0", "rand-m9-mstd0.5-inc1", ""};
+  float jitter[4] = {0, 0, 0, 0.4f};
+  static uint8_t out[4][N][OUT * OUT * 3], again[OUT * OUT * 3];
+  int label, repeat_ok = 1;
+  Error err = {{0}};
+  for (int v = 0; v < 4; v++) {
+    Config cfg = make_config("fashion_mnist", dir, OUT, OUT, 3);
+    snprintf(cfg.randaugment, sizeof cfg.randaugment, "%s", specs[v]);
+    cfg.color_jitter = jitter[v];
+    snprintf(cfg.interpolation, sizeof cfg.interpolation, "random");
+    cfg.num_mean = 1;
+    cfg.mean[0] = 0.5f;
+    Dataset *ds = NULL;
+    if (dataset_open(&ds, &cfg, "train", &err)) {
+      test_check(0, "color stage: open: %s", err.msg);
+      return;
+    }
+    for (int i = 0; i < N; i++) {
+      dataset_load_sample(ds, i, true, 9, 1, out[v][i], &label, &err);
+      dataset_load_sample(ds, i, true, 9, 1, again, &label, &err);
+      repeat_ok &= memcmp(out[v][i], again, sizeof again) == 0;
+    }
+    dataset_close(ds);
+  }
+  int p0_same = 0, ra_changed = 0, jitter_changed = 0;
+  for (int i = 0; i < N; i++) {
+    p0_same += memcmp(out[1][i], out[0][i], sizeof again) == 0;
+    ra_changed += memcmp(out[2][i], out[0][i], sizeof again) != 0;
+    jitter_changed += memcmp(out[3][i], out[0][i], sizeof again) != 0;
+  }
+  test_check(p0_same == N, "color stage: RandAugment p0 = no RandAugment (%d of %d identical)",
+             p0_same, N);
+  // Two ops at p 0.5 leave an image alone with probability 1/4 (plus the rare op that is
+  // the identity here): about 18 of 24 change; 12 is 3 sd below.
+  test_check(ra_changed >= 12 && jitter_changed >= 20 && repeat_ok,
+             "color stage: RandAugment changes %d of %d samples, jitter %d; the same key repeats",
+             ra_changed, N, jitter_changed);
+}
+
 // ---- loader ----
 
 // Synthetic dataset for the loader: image i carries its index in its first two pixels, so a
@@ -1176,6 +1227,7 @@ int main(void) {
   test_imagefolder_errors(&r);
   test_transforms(&r);
   test_augment_keys(&r);
+  test_color_stage(&r);
   test_loader(&r);
   test_loader_error_path();
   measure_fashion_throughput();

@@ -1,0 +1,426 @@
+// image_ops.c: Pillow-exact uint8 image operations (see image_ops.h for which Pillow routine
+// each one follows). The float and double expressions are written in Pillow's evaluation order
+// on purpose: a reordering changes the rounding and so the bytes.
+#include "data/image_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/util.h"
+
+// ---- resize (Pillow Resample.c) ----
+
+#define PRECISION_BITS (32 - 8 - 2)
+#define PI_DOUBLE 3.14159265358979323846  // Python's math.pi
+
+static double bilinear_weight(double x) {
+  if (x < 0.0) x = -x;
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+// Keys' cubic with a = -0.5.
+static double bicubic_weight(double x) {
+  const double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+// Fixed-point taps of outputs [win0, win0 + win_n) of an in_size -> out_size resize along one
+// axis: output o reads count[o] pixels from first[o] with weights k[o * ksize ..] (sum 2^22).
+typedef struct {
+  int *first, *count;
+  int32_t *k;
+  int ksize;
+} Taps;
+
+static Taps taps_make(int in_size, int out_size, int win0, int win_n, Interp interp) {
+  double scale = (double)(float)in_size / out_size;
+  double filterscale = scale < 1.0 ? 1.0 : scale;
+  double support = (interp == INTERP_BICUBIC ? 2.0 : 1.0) * filterscale;
+  Taps t;
+  t.ksize = (int)ceil(support) * 2 + 1;
+  t.first = malloc_check(sizeof(int) * (size_t)win_n);
+  t.count = malloc_check(sizeof(int) * (size_t)win_n);
+  t.k = malloc_check(sizeof(int32_t) * (size_t)win_n * (size_t)t.ksize);
+  double *w = malloc_check(sizeof(double) * (size_t)t.ksize);
+  double inv_filterscale = 1.0 / filterscale;
+  for (int o = 0; o < win_n; o++) {
+    int xx = win0 + o;
+    double center = (xx + 0.5) * scale;
+    int xmin = (int)(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    int xmax = (int)(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    xmax -= xmin;
+    double ww = 0.0;
+    for (int x = 0; x < xmax; x++) {
+      double arg = ((double)(x + xmin) - center + 0.5) * inv_filterscale;
+      w[x] = interp == INTERP_BICUBIC ? bicubic_weight(arg) : bilinear_weight(arg);
+      ww += w[x];
+    }
+    int32_t *k = t.k + (size_t)o * t.ksize;
+    for (int x = 0; x < xmax; x++) {
+      double v = ww != 0.0 ? w[x] / ww : w[x];
+      k[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << PRECISION_BITS))
+                   : (int32_t)(0.5 + v * (1 << PRECISION_BITS));
+    }
+    t.first[o] = xmin;
+    t.count[o] = xmax;
+  }
+  free(w);
+  return t;
+}
+
+static void taps_free(Taps *t) {
+  free(t->first);
+  free(t->count);
+  free(t->k);
+}
+
+static uint8_t clip_fixed(int32_t ss) {
+  int32_t v = ss >> PRECISION_BITS;  // arithmetic shift: floor, as Pillow's lookup index
+  return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+void image_resize(ImageView src, int out_h, int out_w, int win_top, int win_left, int win_h,
+                  int win_w, Interp interp, uint8_t *dst) {
+  int C = src.chans;
+  Taps ty = taps_make(src.h, out_h, win_top, win_h, interp);
+  Taps tx = taps_make(src.w, out_w, win_left, win_w, interp);
+  // Horizontal pass into uint8 rows (Pillow rounds the intermediate image), over only the source
+  // rows the vertical taps read.
+  int row0 = ty.first[0], row1 = ty.first[win_h - 1] + ty.count[win_h - 1];
+  size_t tmp_row = (size_t)win_w * C;
+  uint8_t *tmp = malloc_check((size_t)(row1 - row0) * tmp_row + 1);
+  for (int y = row0; y < row1; y++) {
+    const uint8_t *s = src.px + (int64_t)y * src.stride;
+    uint8_t *t = tmp + (size_t)(y - row0) * tmp_row;
+    for (int o = 0; o < win_w; o++) {
+      const int32_t *k = tx.k + (size_t)o * tx.ksize;
+      const uint8_t *p = s + (size_t)tx.first[o] * C;
+      for (int c = 0; c < C; c++) {
+        int32_t ss = 1 << (PRECISION_BITS - 1);
+        for (int j = 0; j < tx.count[o]; j++) ss += p[(size_t)j * C + c] * k[j];
+        t[(size_t)o * C + c] = clip_fixed(ss);
+      }
+    }
+  }
+  for (int o = 0; o < win_h; o++) {
+    const int32_t *k = ty.k + (size_t)o * ty.ksize;
+    const uint8_t *t = tmp + (size_t)(ty.first[o] - row0) * tmp_row;
+    uint8_t *d = dst + (size_t)o * tmp_row;
+    for (size_t i = 0; i < tmp_row; i++) {
+      int32_t ss = 1 << (PRECISION_BITS - 1);
+      for (int j = 0; j < ty.count[o]; j++) ss += t[(size_t)j * tmp_row + i] * k[j];
+      d[i] = clip_fixed(ss);
+    }
+  }
+  free(tmp);
+  taps_free(&ty);
+  taps_free(&tx);
+}
+
+// ---- affine transforms (Pillow Geometry.c) ----
+
+// Pillow's FLOOR: truncation, one lower for negative non-integers (without a libm call).
+static int pil_floor(double v) {
+  int t = (int)v;
+  return v < 0.0 && (double)t != v ? t - 1 : t;
+}
+static int clamp_index(int i, int n) {
+  return i < 0 ? 0 : i < n ? i : n - 1;
+}
+
+// Pillow's BICUBIC macro: the a = -1 cubic through v1..v4 at d in [0, 1).
+static double cubic(double v1, double v2, double v3, double v4, double d) {
+  double p1 = v2;
+  double p2 = -v1 + v3;
+  double p3 = 2 * (v1 - v2) + v3 - v4;
+  double p4 = -v1 + v2 - v3 + v4;
+  return p1 + d * (p2 + d * (p3 + d * p4));
+}
+
+// bilinear_filter8 / bilinear_filter32RGB at source point (xin, yin), inside the image.
+static void sample_bilinear(ImageView s, double xin, double yin, uint8_t *out) {
+  xin -= 0.5;
+  yin -= 0.5;
+  int x = pil_floor(xin), y = pil_floor(yin);
+  double dx = xin - x, dy = yin - y;
+  int x0 = clamp_index(x, s.w) * s.chans, x1 = clamp_index(x + 1, s.w) * s.chans;
+  const uint8_t *r0 = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
+  bool has_r1 = y + 1 >= 0 && y + 1 < s.h;
+  const uint8_t *r1 = s.px + (int64_t)(has_r1 ? y + 1 : 0) * s.stride;
+  for (int c = 0; c < s.chans; c++) {
+    double v1 = r0[x0 + c] + (r0[x1 + c] - r0[x0 + c]) * dx;
+    double v2 = has_r1 ? r1[x0 + c] + (r1[x1 + c] - r1[x0 + c]) * dx : v1;
+    v1 = v1 + (v2 - v1) * dy;
+    out[c] = (uint8_t)v1;
+  }
+}
+
+// bicubic_filter8 / bicubic_filter32RGB: rows past the first that fall outside the image repeat
+// the previous row's value (Pillow's edge rule), which is the same as reading the previous row
+// again; columns are clamped.
+static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
+  xin -= 0.5;
+  yin -= 0.5;
+  int x = pil_floor(xin), y = pil_floor(yin);
+  double dx = xin - x, dy = yin - y;
+  x--;
+  y--;
+  int xs[4];
+  const uint8_t *rows[4];
+  for (int i = 0; i < 4; i++) xs[i] = clamp_index(x + i, s.w) * s.chans;
+  rows[0] = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
+  for (int r = 1; r < 4; r++)
+    rows[r] = y + r >= 0 && y + r < s.h ? s.px + (int64_t)(y + r) * s.stride : rows[r - 1];
+  // The row cubics of all channels are independent: their coefficients (exact small integers)
+  // go in lanes k = 4c + r and the Horner steps run over the lanes, which the compiler
+  // vectorizes; each lane's operations and their order are the macro's.
+  double p1[16], p2[16], p3[16], p4[16], v[16];
+  int lanes = 4 * s.chans;
+  for (int c = 0; c < s.chans; c++) {
+    for (int r = 0; r < 4; r++) {
+      const uint8_t *in = rows[r] + c;
+      int a = in[xs[0]], b = in[xs[1]], e = in[xs[2]], f = in[xs[3]], k = 4 * c + r;
+      p1[k] = b;
+      p2[k] = -a + e;
+      p3[k] = 2 * (a - b) + e - f;
+      p4[k] = -a + b - e + f;
+    }
+  }
+  for (int k = 0; k < lanes; k++) v[k] = p1[k] + dx * (p2[k] + dx * (p3[k] + dx * p4[k]));
+  for (int c = 0; c < s.chans; c++) {
+    const double *w = v + 4 * c;
+    double v1 = cubic(w[0], w[1], w[2], w[3], dy);
+    out[c] = v1 <= 0.0 ? 0 : v1 >= 255.0 ? 255 : (uint8_t)v1;
+  }
+}
+
+void image_affine(ImageView src, const double a[6], Interp interp, const uint8_t *fill,
+                  uint8_t *dst) {
+  int C = src.chans;
+  for (int y = 0; y < src.h; y++) {
+    for (int x = 0; x < src.w; x++) {
+      double xo = x + 0.5, yo = y + 0.5;
+      double xin = a[0] * xo + a[1] * yo + a[2];
+      double yin = a[3] * xo + a[4] * yo + a[5];
+      uint8_t *out = dst + ((size_t)y * src.w + x) * C;
+      if (xin < 0.0 || xin >= src.w || yin < 0.0 || yin >= src.h) {
+        memcpy(out, fill, (size_t)C);
+      } else if (interp == INTERP_BICUBIC) {
+        sample_bicubic(src, xin, yin, out);
+      } else {
+        sample_bilinear(src, xin, yin, out);
+      }
+    }
+  }
+}
+
+// Python's round(v, 15): the decimal rounding of the exact binary value, read back.
+static double round15(double v) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "%.15f", v);
+  return strtod(buf, NULL);
+}
+
+// Pillow's Transpose: 180 degrees, and 90 / 270 (counter-clockwise) of a square image.
+static void rotate_quarter(ImageView s, int quarters, uint8_t *dst) {
+  int C = s.chans, n = s.w;
+  for (int y = 0; y < s.h; y++) {
+    for (int x = 0; x < s.w; x++) {
+      int sy = y, sx = x;
+      if (quarters == 2) sy = s.h - 1 - y, sx = s.w - 1 - x;
+      if (quarters == 1) sy = x, sx = n - 1 - y;
+      if (quarters == 3) sy = n - 1 - x, sx = y;
+      memcpy(dst + ((size_t)y * s.w + x) * C, s.px + (int64_t)sy * s.stride + (size_t)sx * C,
+             (size_t)C);
+    }
+  }
+}
+
+void image_rotate(ImageView src, double degrees, Interp interp, const uint8_t *fill, uint8_t *dst) {
+  double angle = fmod(degrees, 360.0);  // Python's %: the sign of the divisor
+  if (angle != 0 && angle < 0) angle += 360.0;
+  if (angle == 0 || angle == 180 || ((angle == 90 || angle == 270) && src.w == src.h)) {
+    rotate_quarter(src, (int)(angle / 90), dst);
+    return;
+  }
+  double cx = src.w / 2.0, cy = src.h / 2.0;
+  double r = -(angle * (PI_DOUBLE / 180.0));
+  double m[6] = {round15(cos(r)), round15(sin(r)), 0.0, round15(-sin(r)), round15(cos(r)), 0.0};
+  // Python: a * x + b * y + c, evaluated left to right.
+  double tx = m[0] * -cx + m[1] * -cy + m[2];
+  double ty = m[3] * -cx + m[4] * -cy + m[5];
+  m[2] = tx + cx;
+  m[5] = ty + cy;
+  image_affine(src, m, interp, fill, dst);
+}
+
+// ---- lookup-table ops (Pillow ImageOps; timm's solarize_add) ----
+
+static void apply_lut_channel(uint8_t *img, int64_t pixels, int chans, int c, const int *lut) {
+  for (int64_t i = 0; i < pixels; i++) {
+    int v = lut[img[i * chans + c]];
+    img[i * chans + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);  // Pillow clips LUT values
+  }
+}
+
+static void histogram(const uint8_t *img, int64_t pixels, int chans, int c, int64_t h[256]) {
+  memset(h, 0, sizeof(int64_t) * 256);
+  for (int64_t i = 0; i < pixels; i++) h[img[i * chans + c]]++;
+}
+
+void image_autocontrast(uint8_t *img, int h, int w, int chans) {
+  int64_t pixels = (int64_t)h * w;
+  for (int c = 0; c < chans; c++) {
+    int64_t hist[256];
+    int lut[256];
+    histogram(img, pixels, chans, c, hist);
+    int lo = 0, hi = 255;
+    while (lo < 255 && !hist[lo]) lo++;
+    while (hi > 0 && !hist[hi]) hi--;
+    for (int i = 0; i < 256; i++) lut[i] = i;
+    if (hi > lo) {
+      double scale = 255.0 / (hi - lo), offset = -lo * scale;
+      for (int i = 0; i < 256; i++) lut[i] = (int)(i * scale + offset);  // int(): toward zero
+    }
+    apply_lut_channel(img, pixels, chans, c, lut);
+  }
+}
+
+void image_equalize(uint8_t *img, int h, int w, int chans) {
+  int64_t pixels = (int64_t)h * w;
+  for (int c = 0; c < chans; c++) {
+    int64_t hist[256], total = 0, last = 0;
+    int lut[256], used = 0;
+    histogram(img, pixels, chans, c, hist);
+    for (int i = 0; i < 256; i++)
+      if (hist[i]) total += hist[i], last = hist[i], used++;
+    int64_t step = used > 1 ? (total - last) / 255 : 0;
+    if (step == 0) continue;  // Pillow: identity
+    int64_t n = step / 2;
+    for (int i = 0; i < 256; i++) {
+      int64_t v = n / step;
+      lut[i] = (int)(v > 255 ? 255 : v);
+      n += hist[i];
+    }
+    apply_lut_channel(img, pixels, chans, c, lut);
+  }
+}
+
+void image_invert(uint8_t *img, int64_t n) {
+  for (int64_t i = 0; i < n; i++) img[i] = (uint8_t)(255 - img[i]);
+}
+
+void image_solarize(uint8_t *img, int64_t n, int threshold) {
+  for (int64_t i = 0; i < n; i++)
+    if (img[i] >= threshold) img[i] = (uint8_t)(255 - img[i]);
+}
+
+void image_solarize_add(uint8_t *img, int64_t n, int add, int threshold) {
+  for (int64_t i = 0; i < n; i++) {
+    if (img[i] < threshold) {
+      int v = img[i] + add;
+      img[i] = (uint8_t)(v > 255 ? 255 : v);
+    }
+  }
+}
+
+void image_posterize(uint8_t *img, int64_t n, int bits) {
+  if (bits >= 8) return;
+  uint8_t mask = (uint8_t) ~((1u << (8 - bits)) - 1);
+  for (int64_t i = 0; i < n; i++) img[i] &= mask;
+}
+
+// ---- enhancers (Pillow ImageEnhance over Blend.c) ----
+
+// Image.blend(degenerate, img, factor) into img; degenerate (n) is per element.
+static void blend_into(uint8_t *img, const uint8_t *degenerate, int64_t n, double factor) {
+  float alpha = (float)factor;
+  if (alpha == 0.0f) {
+    memcpy(img, degenerate, (size_t)n);
+    return;
+  }
+  if (alpha == 1.0f) return;
+  bool interpolate = alpha >= 0 && alpha <= 1.0;
+  for (int64_t i = 0; i < n; i++) {
+    float v = (float)degenerate[i] + alpha * (float)((int)img[i] - (int)degenerate[i]);
+    if (interpolate)
+      img[i] = (uint8_t)v;
+    else
+      img[i] = v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
+  }
+}
+
+void image_enhance_color(uint8_t *img, int h, int w, int chans, double factor) {
+  // A gray image is its own degenerate (Pillow: convert("L") is the identity): unchanged.
+  if (chans != 3) return;
+  int64_t pixels = (int64_t)h * w;
+  uint8_t *gray = malloc_check((size_t)pixels * 3);
+  for (int64_t i = 0; i < pixels; i++)
+    gray[3 * i] = gray[3 * i + 1] = gray[3 * i + 2] = image_luma(img + 3 * i);
+  blend_into(img, gray, pixels * 3, factor);
+  free(gray);
+}
+
+void image_enhance_contrast(uint8_t *img, int h, int w, int chans, double factor) {
+  int64_t pixels = (int64_t)h * w, n = pixels * chans;
+  // ImageStat's mean of the luma histogram, summed in double in bin order.
+  int64_t hist[256] = {0};
+  for (int64_t i = 0; i < pixels; i++)
+    hist[chans == 3 ? image_luma(img + 3 * i) : img[i * chans]]++;
+  double sum = 0.0;
+  for (int j = 0; j < 256; j++) sum += (double)j * (double)hist[j];
+  int mean = (int)(sum / (double)pixels + 0.5);
+  uint8_t *flat = malloc_check((size_t)n);
+  memset(flat, mean, (size_t)n);
+  blend_into(img, flat, n, factor);
+  free(flat);
+}
+
+void image_enhance_brightness(uint8_t *img, int h, int w, int chans, double factor) {
+  int64_t n = (int64_t)h * w * chans;
+  uint8_t *black = calloc_check((size_t)n, 1);
+  blend_into(img, black, n, factor);
+  free(black);
+}
+
+// ImageFilter.SMOOTH (3x3 kernel 1 1 1 / 1 5 1 / 1 1 1, divisor 13) as Filter.c computes it:
+// fp32 taps, rows y+1, y, y-1 in that order, +0.5 and truncation; border pixels are copied.
+static void smooth3x3(const uint8_t *src, int h, int w, int chans, uint8_t *dst) {
+  memcpy(dst, src, (size_t)h * w * chans);
+  if (h < 3 || w < 3) return;
+  const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
+  const float kernel[9] = {k1, k1, k1, k1, k5, k1, k1, k1, k1};
+  int64_t row = (int64_t)w * chans;
+  // Interior elements of a row are contiguous (x from 1 to w - 2, every channel), and each is
+  // computed alone in Pillow's order, so the loop over them vectorizes without reordering.
+  for (int y = 1; y < h - 1; y++) {
+    const uint8_t *below = src + (y + 1) * row, *mid = src + y * row, *above = src + (y - 1) * row;
+    uint8_t *out = dst + y * row;
+    for (int64_t i = chans; i < row - chans; i++) {
+      float ss = 0.5f;
+      ss += (float)below[i - chans] * kernel[0] + (float)below[i] * kernel[1] +
+            (float)below[i + chans] * kernel[2];
+      ss += (float)mid[i - chans] * kernel[3] + (float)mid[i] * kernel[4] +
+            (float)mid[i + chans] * kernel[5];
+      ss += (float)above[i - chans] * kernel[6] + (float)above[i] * kernel[7] +
+            (float)above[i + chans] * kernel[8];
+      ss = ss < 0.0f ? 0.0f : ss;
+      ss = ss > 255.0f ? 255.0f : ss;
+      out[i] = (uint8_t)ss;
+    }
+  }
+}
+
+void image_enhance_sharpness(uint8_t *img, int h, int w, int chans, double factor) {
+  int64_t n = (int64_t)h * w * chans;
+  uint8_t *smooth = malloc_check((size_t)n);
+  smooth3x3(img, h, w, chans, smooth);
+  blend_into(img, smooth, n, factor);
+  free(smooth);
+}

@@ -1,0 +1,73 @@
+// bench_loader.c: images per second of swin.c's loader with the training recipe's per-image
+// half: decode (stb_image) + RandomResizedCrop 224 (bicubic) + flip + RandAugment
+// rand-m9-mstd0.5-inc1, into uint8 batches (the per-batch half, erasing and mixup, runs on the
+// normalized batch in the training step, on the GPU).
+//
+// Build (repo root, after cmake --build build; not part of the CMake build):
+//   gcc -std=c11 -O3 -march=native -fopenmp -I. -I/usr/include/stb scripts/bench_loader.c
+//       build/libswincore.a -lm -lpthread -o /tmp/bench_loader
+// Run:
+//   /tmp/bench_loader ROOT imagefolder|shards WORKERS [BATCHES=40] [full|plain] [BATCH=128]
+// ROOT holds train/ (an ImageFolder, or *.tar shards); "plain" leaves out RandAugment. Prints
+// one line: the workers, the recipe and img/s over BATCHES batches after 2 warm-up batches.
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/loader.h"
+#include "src/config.h"
+#include "src/util.h"
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s ROOT imagefolder|shards WORKERS [BATCHES] [full|plain] [BATCH]\n",
+            argv[0]);
+    return 2;
+  }
+  int workers = atoi(argv[3]), batches = argc > 4 ? atoi(argv[4]) : 40;
+  bool full = argc <= 5 || strcmp(argv[5], "plain") != 0;
+  int batch = argc > 6 ? atoi(argv[6]) : 128;
+  Config cfg;
+  config_defaults(&cfg);
+  snprintf(cfg.path, sizeof cfg.path, "%s", argv[1]);
+  snprintf(cfg.dataset, sizeof cfg.dataset, "%s", argv[2]);
+  snprintf(cfg.interpolation, sizeof cfg.interpolation, "bicubic");
+  if (full) snprintf(cfg.randaugment, sizeof cfg.randaugment, "rand-m9-mstd0.5-inc1");
+  Error err;
+  Dataset *ds;
+  if (dataset_open(&ds, &cfg, "train", &err) != 0) {
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 1;
+  }
+  LoaderOptions opt = {.batch_size = batch,
+                       .train = true,
+                       .seed = 0,
+                       .workers = workers,
+                       .prefetch = workers + 2,
+                       .rank = 0,
+                       .world = 1};
+  Loader *L;
+  if (loader_create(&L, ds, &opt, &err) != 0) {
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 1;
+  }
+  double t0 = 0;
+  int done = 0;
+  for (int i = 0; i < batches + 2; i++) {
+    Batch *b;
+    if (loader_next(L, &b, &err) != 0 || !b) {
+      fprintf(stderr, "error: %s\n", err.msg);
+      return 1;
+    }
+    loader_release_batch(L, b);
+    if (i == 1) t0 = time_now_s();
+    if (i >= 2) done += b->count;
+  }
+  double dt = time_now_s() - t0;
+  printf("swin.c loader  %-11s workers %2d  %s  %5d images  %8.1f img/s\n", argv[2], workers,
+         full ? "RRC+flip+RandAugment (bicubic)" : "RRC+flip (bicubic)", done, done / dt);
+  loader_destroy(L);
+  dataset_close(ds);
+  return 0;
+}
