@@ -33,17 +33,6 @@ bool batch_augment_active(const BatchAugmentOptions *o) {
   return o->reprob > 0 || batch_augment_soft_targets(o);
 }
 
-int batch_augment_refuse_until_wired(const Config *cfg, Error *err) {
-  if (cfg->reprob == 0 && cfg->mixup == 0 && cfg->cutmix == 0) return 0;
-  return error_set(err,
-                   "data.reprob = %g, train.mixup = %g, train.cutmix = %g: these per-batch "
-                   "augmentations run on the normalized batch in the training step "
-                   "(data/batch_augment.h, kernels/augment.h), which does not apply them yet\n"
-                   "HINT: set data.reprob=0 train.mixup=0 train.cutmix=0 to train without them "
-                   "(RandAugment, colour jitter and the interpolation do work)",
-                   (double)cfg->reprob, (double)cfg->mixup, (double)cfg->cutmix);
-}
-
 // Python's round() (half to even).
 static int round_half_even(double x) {
   return (int)nearbyint(x);

@@ -64,11 +64,6 @@ bool batch_augment_soft_targets(const BatchAugmentOptions *o);
 int batch_augment_draw(const BatchAugmentOptions *o, const Batch *b, int H, int W, EraseBox *erase,
                        BatchAugment *out, float *soft_targets, Error *err);
 
-// Until the training step calls batch_augment_draw and batch_augment_cpu/_cuda, a config that
-// turns on data.reprob, train.mixup or train.cutmix is refused here (dataset_open, train split)
-// rather than silently trained without them. Returns 0 when none is on.
-int batch_augment_refuse_until_wired(const Config *cfg, Error *err);
-
 // The pieces, exposed for tests and fixtures.
 // timm's erase box for an H x W image from r; h = w = 0 when the sample is not erased.
 EraseBox batch_augment_erase_box(float reprob, int H, int W, Rng *r);

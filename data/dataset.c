@@ -564,7 +564,6 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   }
   RandAugmentPolicy randaugment;
   if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
-  if (strcmp(split, "train") == 0 && batch_augment_refuse_until_wired(cfg, err) != 0) return -1;
   Dataset *ds = calloc_check(1, sizeof *ds);
   ds->transform = (TransformParams){.out_h = cfg->img_h,
                                     .out_w = cfg->img_w,

@@ -54,6 +54,10 @@ void merge_layernorm_backward_cpu(float *dtokens, float *dweight, float *dbias, 
 void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType input_dtype,
                             const float *mean, const float *std, int B, int H, int W, int Cin,
                             int p, cudaStream_t stream);
+// pixels (B, H, W, Cin) uint8 -> images (B, H, W, Cin) f32, the arithmetic of
+// images_normalize_cpu (mean, std: host arrays of Cin <= 4 values).
+void images_normalize_cuda(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
+                           const float *mean, const float *std, cudaStream_t stream);
 // Patch merging + LayerNorm (the gather folded into the LayerNorm's loads; H and W even): out,
 // tokens, dout of type dt; dtokens (f32) overwritten in full; statistics in f32 as in
 // kernels/layernorm.h; scratch: merge_layernorm_backward_cuda_scratch floats, fixed-order

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/augment.h"
 #include "kernels/window.h"
 #include "optim/optimizer.h"
 #include "src/tensor.h"
@@ -105,6 +106,14 @@ typedef struct {
   // for a kept one, drawn from (seed, step, unit, sample) exactly as the CPU draws them.
   void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
                            uint64_t seed, int64_t step);
+  // images (B, H, W, Cin, f32) = (pixels / 255 - mean[c]) / std[c], from uint8 pixels: the
+  // input of the per-batch augmentations, which work on normalized images.
+  void (*images_normalize)(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
+                           int H, int W, int Cin);
+  // Random erasing then mixup or cutmix on images (B, H, W, C, f32) in place, with parameters
+  // drawn on the host (kernels/augment.h); boxes: room for B EraseBox in backend memory.
+  void (*batch_augment)(Backend *be, float *images, const BatchAugment *p, EraseBox *boxes, int B,
+                        int H, int W, int C);
   // out (n, act) = GELU(inp (n, act)): the backward recomputes an MLP's hidden layer instead of
   // keeping it.
   void (*gelu_forward)(Backend *be, void *out, const void *inp, int64_t n);
@@ -163,8 +172,10 @@ typedef struct {
   // Label-smoothed cross-entropy of logits (B, K) against labels (B): dlogits = (softmax -
   // target) / B * state->loss_scale; the mean loss is added to state->loss_sum when finite,
   // else counted in state->bad_losses.
+  // With soft_targets (B, K) (mixup / cutmix) they are the targets as given (smoothing unused)
+  // and labels is ignored.
   void (*train_loss)(Backend *be, float *dlogits, const float *logits, const int *labels,
-                     float smoothing, int B, int K, OptimState *state);
+                     const float *soft_targets, float smoothing, int B, int K, OptimState *state);
   // Adds the batch's unsmoothed loss sum, top-1/top-5 hits and count to sums.
   void (*eval_metrics)(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
                        int K);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/augment.h"
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -129,6 +130,19 @@ static void cpu_drop_path_scales(Backend *be, float *scales, const float *rates,
   }
 }
 
+static void cpu_images_normalize(Backend *be, float *images, const uint8_t *pixels, Normalize norm,
+                                 int B, int H, int W, int Cin) {
+  (void)be;
+  images_normalize_cpu(images, pixels, B, H, W, Cin, norm.mean, norm.std);
+}
+
+static void cpu_batch_augment(Backend *be, float *images, const BatchAugment *p, EraseBox *boxes,
+                              int B, int H, int W, int C) {
+  (void)be;
+  (void)boxes;  // the CPU reads the host boxes p->erase directly
+  batch_augment_cpu(images, p, B, H, W, C);
+}
+
 static void cpu_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
   (void)be;
   gelu_forward_cpu(out, inp, n);
@@ -232,9 +246,12 @@ static void cpu_head_backward(Backend *be, void *dtokens, float *dweight, float 
 // ---- loss, metrics, optimizer ---------------------------------------------------------------
 
 static void cpu_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
-                           float smoothing, int B, int K, OptimState *state) {
+                           const float *soft_targets, float smoothing, int B, int K,
+                           OptimState *state) {
   (void)be;
-  double loss = cross_entropy_forward_backward_cpu(dlogits, logits, labels, NULL, smoothing, B, K);
+  double loss =
+      cross_entropy_forward_backward_cpu(dlogits, logits, soft_targets ? NULL : labels,
+                                         soft_targets, soft_targets ? 0.0f : smoothing, B, K);
   if (state->loss_scale != 1.0f)
     for (int64_t i = 0; i < (int64_t)B * K; i++) dlogits[i] *= state->loss_scale;
   if (isfinite(loss)) {
@@ -310,6 +327,8 @@ static const BackendOps cpu_ops = {
     .to_compute = cpu_to_compute,
     .patch_embed_input = cpu_patch_embed_input,
     .drop_path_scales = cpu_drop_path_scales,
+    .images_normalize = cpu_images_normalize,
+    .batch_augment = cpu_batch_augment,
     .gelu_forward = cpu_gelu_forward,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/attention.h"
+#include "kernels/augment.h"
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -258,6 +259,18 @@ void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int u
   drop_path_scales_cuda(scales, rates, units, B, seed, step, state_of(be)->compute);
 }
 
+void cuda_images_normalize(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
+                           int H, int W, int Cin) {
+  OpScope scope(be, OP_ELEMENTWISE);
+  images_normalize_cuda(images, pixels, B, H, W, Cin, norm.mean, norm.std, state_of(be)->compute);
+}
+
+void cuda_batch_augment(Backend *be, float *images, const BatchAugment *p, EraseBox *boxes, int B,
+                        int H, int W, int C) {
+  OpScope scope(be, OP_ELEMENTWISE);
+  batch_augment_cuda(images, p, boxes, B, H, W, C, state_of(be)->compute);
+}
+
 void cuda_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
   OpScope scope(be, OP_ELEMENTWISE);
   gelu_forward_cuda(be->act, out, inp, n, state_of(be)->compute);
@@ -387,12 +400,13 @@ void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias
 // ---- loss, metrics, optimizer -----------------------------------------------------------------
 
 void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
-                     float smoothing, int B, int K, OptimState *state) {
+                     const float *soft_targets, float smoothing, int B, int K, OptimState *state) {
   OpScope scope(be, OP_LOSS);
   CudaState *st = state_of(be);
   check_batch(be, "train_loss", B);
-  cross_entropy_forward_backward_cuda(st->row_losses, dlogits, logits, labels, nullptr, smoothing,
-                                      &state->loss_scale, B, K, st->compute);
+  cross_entropy_forward_backward_cuda(
+      st->row_losses, dlogits, logits, soft_targets ? nullptr : labels, soft_targets,
+      soft_targets ? 0.0f : smoothing, &state->loss_scale, B, K, st->compute);
   losses_accumulate_cuda(&state->loss_sum, &state->loss_steps, &state->bad_losses, st->row_losses,
                          B, true, st->compute);
 }
@@ -435,6 +449,8 @@ const BackendOps cuda_ops = {
     .to_compute = cuda_to_compute,
     .patch_embed_input = cuda_patch_embed_input,
     .drop_path_scales = cuda_drop_path_scales,
+    .images_normalize = cuda_images_normalize,
+    .batch_augment = cuda_batch_augment,
     .gelu_forward = cuda_gelu_forward,
     .linear_forward = cuda_linear_forward,
     .linear_backward = cuda_linear_backward,

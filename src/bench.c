@@ -67,9 +67,10 @@ int bench_run(const Config *cfg, Error *err) {
     norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
   }
 
+  const StepBatch batch = {.images = pixels, .images_dtype = DTYPE_U8, .labels = labels};
   int64_t step = 0;
   for (int i = 0; i < cfg->bench_warmup; i++, step++)
-    learner_step(&m, &opt, cfg, norm, pixels, labels, B, step, cfg->lr);
+    learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
   be.ops->synchronize(&be);
 
   int rounds = (cfg->bench_steps + BENCH_ROUND - 1) / BENCH_ROUND;
@@ -79,7 +80,7 @@ int bench_run(const Config *cfg, Error *err) {
     int64_t waits0 = be.host_waits;
     double t0 = time_now_s();
     for (int i = 0; i < BENCH_ROUND; i++, step++)
-      learner_step(&m, &opt, cfg, norm, pixels, labels, B, step, cfg->lr);
+      learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
     waits += be.host_waits - waits0;
     be.ops->synchronize(&be);
     ms[k] = 1e3 * (time_now_s() - t0) / BENCH_ROUND;
@@ -92,7 +93,7 @@ int bench_run(const Config *cfg, Error *err) {
   double family[OP_FAMILIES] = {0}, profiled = 0;
   be.ops->profile(&be, true);
   for (int i = 0; i < BENCH_ROUND; i++, step++)
-    learner_step(&m, &opt, cfg, norm, pixels, labels, B, step, cfg->lr);
+    learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
   be.ops->profile_report(&be, family);
   be.ops->profile(&be, false);
   for (int f = 0; f < OP_FAMILIES; f++) profiled += family[f] / BENCH_ROUND;

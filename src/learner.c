@@ -52,12 +52,12 @@ void optimizer_download_moments(Optimizer *o, const Model *m) {
   m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
 }
 
-void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const uint8_t *pixels,
-                  const int *labels, int B, int64_t step, float lr) {
+void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                  int B, int64_t step, float lr) {
   Backend *be = m->be;
-  model_forward(m, pixels, DTYPE_U8, norm, B, true, cfg->seed, step);
-  be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, labels, cfg->label_smoothing, B,
-                      cfg->num_classes, o->state);
+  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, step);
+  be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, batch->labels, batch->soft_targets,
+                      cfg->label_smoothing, B, cfg->num_classes, o->state);
   model_zero_grads(m);
   model_backward(m, B);
   NVTX_PUSH("optimizer");

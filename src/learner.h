@@ -27,8 +27,18 @@ size_t optimizer_bytes(const Optimizer *o, const Model *m);
 void optimizer_upload_moments(Optimizer *o, const Model *m);
 void optimizer_download_moments(Optimizer *o, const Model *m);
 
-// One training step on batch pixels (B, H, W, Cin) uint8 and labels (B), both in backend memory,
-// at step `step` (drop-path draws) with learning rate lr: forward, label-smoothed loss, backward,
-// then the optimizer update. Everything is queued; nothing waits.
-void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const uint8_t *pixels,
-                  const int *labels, int B, int64_t step, float lr);
+// What a step reads, in backend memory: the images (B, H, W, Cin), uint8 pixels (U8, normalized
+// by the model's input op) or normalized f32 images (F32: after the per-batch augmentations),
+// and the targets: labels (B), or soft targets (B, classes) when mixup / cutmix made them.
+typedef struct {
+  const void *images;
+  DType images_dtype;
+  const int *labels;
+  const float *soft_targets;  // or NULL
+} StepBatch;
+
+// One training step on batch at step `step` (drop-path draws) with learning rate lr: forward,
+// loss (label-smoothed, or against the soft targets), backward, then the optimizer update.
+// Everything is queued; nothing waits.
+void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                  int B, int64_t step, float lr);

@@ -196,7 +196,8 @@ static void plan_activations(Model *m, Arena *a, int B) {
       b->ln1_mean = arena_floats(a, BL);
       b->ln1_rstd = arena_floats(a, BL);
       b->qkv = arena_act(a, m, BL * 3 * C);
-      b->att = arena_floats(a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
+      b->att = arena_floats(
+          a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
       b->attn_out = arena_act(a, m, BL * C);
       b->x1 = arena_act(a, m, BL * C);
       b->ln2_mean = arena_floats(a, BL);
@@ -568,8 +569,8 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
                        model_compute_weight(m, w->proj_w), BL, C, C, NULL);
   ops->attention_backward(be, x->dqkv, gw->rel_table, x->dattn, a->qkv, w->rel_table, g->index_be,
                           mask, a->att, BW, g->nW, g->N, C, g->heads);
-  ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
-                                  NULL, w->norm1_w, w->norm1_b, &wm, B, L, C);
+  ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
+                                  w->norm1_w, w->norm1_b, &wm, B, L, C);
   ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, x->xw,
                        model_compute_weight(m, w->qkv_w), BL, C, 3 * C, NULL);
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/batch_augment.h"
 #include "data/loader.h"
 #include "optim/schedule.h"
 #include "src/backend.h"
@@ -55,6 +56,16 @@ typedef struct {
   EvalSums *eval_sums;  // backend memory
   uint8_t *pixels[4];   // batch slots (max_batch, H, W, Cin) in backend memory
   int *labels[4];       // (max_batch)
+  // Per-batch augmentations (random erasing, mixup / cutmix), drawn when a training batch is
+  // staged, applied on the backend to the normalized batch in the step.
+  BatchAugmentOptions aug_opts;
+  bool augment, soft;   // any per-batch augmentation; soft targets (mixup / cutmix)
+  BatchAugment aug[2];  // per training slot
+  EraseBox *boxes[2];   // host (batch) per training slot
+  EraseBox *boxes_be;   // backend (batch)
+  float *soft_host[2];  // (batch, classes) per training slot, host_alloc'ed
+  float *soft_be[2];    // backend
+  float *images;        // the normalized f32 batch (batch, H, W, Cin), backend
   Dataset *train_set, *val_set;
   Loader *loader;
   TrainState state;
@@ -74,10 +85,25 @@ static bool is_fp16(const Trainer *t) {
 static void stage_batch(Trainer *t, int slot, const Batch *b) {
   const Config *cfg = t->cfg;
   size_t pixel_bytes = (size_t)b->count * cfg->img_h * cfg->img_w * cfg->in_chans;
-  void *dst[2] = {t->pixels[slot], t->labels[slot]};
-  const void *src[2] = {b->pixels, b->labels};
-  size_t bytes[2] = {pixel_bytes, sizeof(int) * (size_t)b->count};
-  t->be.ops->stage_upload(&t->be, slot, 2, dst, src, bytes);
+  void *dst[3] = {t->pixels[slot], t->labels[slot], NULL};
+  const void *src[3] = {b->pixels, b->labels, NULL};
+  size_t bytes[3] = {pixel_bytes, sizeof(int) * (size_t)b->count, 0};
+  int count = 2;
+  if (t->soft && slot < EVAL_SLOT) {  // the soft targets of this training batch travel with it
+    dst[2] = t->soft_be[slot];
+    src[2] = t->soft_host[slot];
+    bytes[2] = sizeof(float) * (size_t)b->count * (size_t)cfg->num_classes;
+    count = 3;
+  }
+  t->be.ops->stage_upload(&t->be, slot, count, dst, src, bytes);
+}
+
+// Draws training batch b's erasing boxes, mixup / cutmix and soft targets into slot's buffers
+// (before it is staged: the soft targets are uploaded with it).
+static int draw_batch_augment(Trainer *t, int slot, const Batch *b, Error *err) {
+  if (!t->augment) return 0;
+  return batch_augment_draw(&t->aug_opts, b, t->cfg->img_h, t->cfg->img_w, t->boxes[slot],
+                            &t->aug[slot], t->soft ? t->soft_host[slot] : NULL, err);
 }
 
 // The loader's buffer goes back to its workers once its upload has run.
@@ -327,6 +353,23 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
     t->pixels[s] = be->ops->alloc(be, pixel_bytes);
     t->labels[s] = be->ops->alloc(be, sizeof(int) * (size_t)max_batch);
   }
+  t->aug_opts = batch_augment_options(cfg, 0);
+  t->augment = batch_augment_active(&t->aug_opts);
+  t->soft = batch_augment_soft_targets(&t->aug_opts);
+  if (t->augment) {
+    size_t image_floats = (size_t)cfg->batch_size * cfg->img_h * cfg->img_w * cfg->in_chans;
+    t->images = be->ops->alloc(be, sizeof(float) * image_floats);
+    t->boxes_be = be->ops->alloc(be, sizeof(EraseBox) * (size_t)cfg->batch_size);
+    for (int s = 0; s < 2; s++) {
+      t->boxes[s] = calloc_check((size_t)cfg->batch_size, sizeof(EraseBox));
+      if (!t->soft) continue;
+      size_t soft_bytes = sizeof(float) * (size_t)cfg->batch_size * (size_t)cfg->num_classes;
+      t->soft_host[s] = be->ops->host_alloc(soft_bytes);
+      if (!t->soft_host[s])
+        return error_set(err, "cannot allocate %zu bytes of host memory", soft_bytes);
+      t->soft_be[s] = be->ops->alloc(be, soft_bytes);
+    }
+  }
   t->state = (TrainState){.seed = cfg->seed, .loss_scale = 1.0};
 
   if (make_run_dir(cfg->run_dir, err) != 0) return -1;
@@ -391,6 +434,13 @@ static void trainer_teardown(Trainer *t) {
       be->ops->release(be, t->pixels[s]);
       be->ops->release(be, t->labels[s]);
     }
+    be->ops->release(be, t->images);
+    be->ops->release(be, t->boxes_be);
+    for (int s = 0; s < 2; s++) {
+      free(t->boxes[s]);
+      if (t->soft_host[s]) be->ops->host_release(t->soft_host[s]);
+      be->ops->release(be, t->soft_be[s]);
+    }
   }
   if (t->model.params) model_destroy(&t->model);
   backend_destroy(be);
@@ -400,10 +450,22 @@ static void trainer_teardown(Trainer *t) {
 // The step: queued on the backend, nothing waits for it.
 
 static void train_step(Trainer *t, int slot, int B) {
+  const Config *cfg = t->cfg;
   Backend *be = &t->be;
   int64_t step = t->state.step;
   be->ops->stage_consume(be, slot);
-  learner_step(&t->model, &t->opt, t->cfg, t->norm, t->pixels[slot], t->labels[slot], B, step,
+  StepBatch batch = {
+      .images = t->pixels[slot], .images_dtype = DTYPE_U8, .labels = t->labels[slot]};
+  if (t->augment) {  // normalize, then erase and mix on the backend
+    be->ops->images_normalize(be, t->images, t->pixels[slot], t->norm, B, cfg->img_h, cfg->img_w,
+                              cfg->in_chans);
+    be->ops->batch_augment(be, t->images, &t->aug[slot], t->boxes_be, B, cfg->img_h, cfg->img_w,
+                           cfg->in_chans);
+    batch.images = t->images;
+    batch.images_dtype = DTYPE_F32;
+    batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
+  }
+  learner_step(&t->model, &t->opt, cfg, t->norm, &batch, B, step,
                (float)lr_at_step(&t->schedule, step));
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
@@ -508,7 +570,7 @@ int train_run(const Config *cfg, Error *err) {
   EvalResult last_eval = {0};
   bool have_eval = false, interrupted = false;
   if (t.state.step < t.total_steps) {
-    if (loader_next(t.loader, &b, err) != 0) goto done;
+    if (loader_next(t.loader, &b, err) != 0 || draw_batch_augment(&t, slot, b, err) != 0) goto done;
     stage_batch(&t, slot, b);
   }
   while (t.state.step < t.total_steps) {
@@ -524,6 +586,10 @@ int train_run(const Config *cfg, Error *err) {
     Batch *next = NULL;
     if (t.state.step < t.total_steps) {
       if (loader_next(t.loader, &next, err) != 0) goto done;
+      if (draw_batch_augment(&t, slot ^ 1, next, err) != 0) {
+        release_batch(&t, t.loader, slot ^ 1, next);
+        goto done;
+      }
       stage_batch(&t, slot ^ 1, next);
     }
     release_batch(&t, t.loader, slot, b);

@@ -288,18 +288,6 @@ static void test_draw(void) {
              "draw: a label outside [0, K) is refused");
 }
 
-// Until the training step applies them, a config asking for them is refused, not ignored.
-static void test_refused_until_wired(void) {
-  Config c;
-  config_defaults(&c);
-  Error err;
-  int off = batch_augment_refuse_until_wired(&c, &err);
-  c.cutmix = 1.0f;
-  int on = batch_augment_refuse_until_wired(&c, &err);
-  test_check(off == 0 && on != 0 && strstr(err.msg, "train.cutmix = 1") && strstr(err.msg, "HINT"),
-             "the per-batch keys are refused with a hint until the training step applies them");
-}
-
 int main(void) {
   TestRng r = {20261201};
   test_normals();
@@ -308,6 +296,5 @@ int main(void) {
   test_beta_and_cutmix();
   test_soft_targets();
   test_draw();
-  test_refused_until_wired();
   return test_finish();
 }

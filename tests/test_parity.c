@@ -128,7 +128,8 @@ static void check_fixture(const char *path) {
   OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
     model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, step);
-    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, cfg.label_smoothing, B, K, &state);
+    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K,
+                       &state);
     model_zero_grads(&m);
     model_backward(&m, B);
     OptimizerStep hyper = {.lr = (float)lr_at_step(&sched, step),

@@ -49,7 +49,27 @@ __global__ void patch_embed_input_kernel(T *__restrict__ patches, const In *__re
   }
 }
 
+__global__ void images_normalize_kernel(float *__restrict__ images,
+                                        const uint8_t *__restrict__ pixels, Norm norm, int64_t n,
+                                        int Cin) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int c = (int)(i % Cin);
+  images[i] = ((float)pixels[i] / 255.0f - norm.mean[c]) / norm.std[c];
+}
+
 }  // namespace
+
+void images_normalize_cuda(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
+                           const float *mean, const float *std, cudaStream_t stream) {
+  int64_t n = B * H * W * Cin;
+  if (n <= 0) return;
+  Norm norm = {};
+  for (int c = 0; c < Cin && c < 4; c++) norm.mean[c] = mean[c], norm.std[c] = std[c];
+  images_normalize_kernel<<<blocks_for(n, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
+      images, pixels, norm, n, Cin);
+  CUDA_CHECK_LAUNCH();
+}
 
 void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType input_dtype,
                             const float *mean, const float *std, int B, int H, int W, int Cin,
