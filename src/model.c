@@ -204,10 +204,7 @@ static void plan_activations(Model *m, Arena *a, int B) {
       b->ln2 = arena_act(a, m, BL * C);
       b->fc1 = arena_act(a, m, BL * g->hidden);
       b->gelu = arena_act(a, m, BL * g->hidden);
-      // Views into drop_scales: unit 2 gi (attention) and 2 gi + 1 (MLP), B each.
-      bool drops = m->block_drop[gi] > 0;
-      b->dp_attn = drops && x->drop_scales ? x->drop_scales + (int64_t)2 * gi * B : NULL;
-      b->dp_mlp = drops && x->drop_scales ? x->drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
+      // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
     }
     x->stage_out[s] = arena_act(a, m, BL * C);
     if (BL * C > max_lc) max_lc = BL * C;
@@ -468,6 +465,18 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
                       model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
 }
 
+// Views of each block's drop-path scales in drop_scales, which drop_path_scales fills as (units,
+// B) for this forward's B (which may be below max_batch): unit 2 gi (attention) and 2 gi + 1
+// (MLP); NULL where the block's rate is 0.
+static void bind_drop_scales(Model *m, int B) {
+  for (int gi = 0; gi < m->num_blocks; gi++) {
+    BlockActs *b = &m->acts.blocks[gi];
+    bool drops = m->block_drop[gi] > 0;
+    b->dp_attn = drops ? m->acts.drop_scales + (int64_t)2 * gi * B : NULL;
+    b->dp_mlp = drops ? m->acts.drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
+  }
+}
+
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
                    bool train, uint64_t seed, int64_t step) {
   const Config *c = &m->cfg;
@@ -479,8 +488,10 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
   int E = c->embed_dim;
 
   m->drop_path_active = train && c->drop_path_rate > 0;
-  if (m->drop_path_active)
+  if (m->drop_path_active) {
+    bind_drop_scales(m, B);
     ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, seed, step);
+  }
 
   // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
   // LayerNorm into the first block's input.
