@@ -478,7 +478,7 @@ static void bind_drop_scales(Model *m, int B) {
 }
 
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, int64_t step) {
+                   bool train, uint64_t seed, int64_t step, int64_t first_sample) {
   const Config *c = &m->cfg;
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
@@ -490,7 +490,8 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
   m->drop_path_active = train && c->drop_path_rate > 0;
   if (m->drop_path_active) {
     bind_drop_scales(m, B);
-    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, seed, step);
+    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, first_sample,
+                          seed, step);
   }
 
   // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
@@ -589,6 +590,14 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
                                        a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
 }
 
+// Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
+// the buffer is final. Backward writes each tensor's gradient in one place, walking the layout
+// (src/model.h) from its end to its start; the exception inside a block (the bias table's
+// gradient comes before qkv's, though it lies below) is why marks fall only between blocks.
+static void grads_final_from(Model *m, const float *lowest) {
+  if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
+}
+
 void model_backward(Model *m, int B) {
   const Config *c = &m->cfg;
   Backend *be = m->be;
@@ -619,6 +628,7 @@ void model_backward(Model *m, int B) {
     for (int j = g->depth - 1; j >= 0; j--) {
       block_backward(m, g, j, B);
       block_norm1_backward(m, g, j, B);
+      grads_final_from(m, gw->blocks[g->first_block + j].norm1_w);  // the block's first tensor
     }
     // dbranch now holds d(stage input): back through the merge (linear, LN, gather) into dres.
     if (g->merge) {
@@ -628,6 +638,7 @@ void model_backward(Model *m, int B) {
       ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
                                     x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
                                     x->merge_rstd[s], B, p->H, p->W, p->C);
+      grads_final_from(m, gw->merge_norm_w[s]);
     }
   }
 
@@ -639,6 +650,7 @@ void model_backward(Model *m, int B) {
   ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
                        model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim,
                        NULL);
+  grads_final_from(m, m->grads);
 }
 
 void model_zero_grads(Model *m) {

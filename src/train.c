@@ -121,7 +121,7 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   if (b) stage_batch(t, slot, b);
   while (b) {
     be->ops->stage_consume(be, slot);
-    model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, 0);
+    model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, 0, 0);
     be->ops->eval_metrics(be, t->eval_sums, m->acts.logits, t->labels[slot], b->count,
                           cfg->num_classes);
     be->ops->stage_release(be, slot);
@@ -437,7 +437,7 @@ static void train_step(Trainer *t, int slot, int B) {
   int64_t step = t->state.step;
 
   be->ops->stage_consume(be, slot);
-  model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, B, true, cfg->seed, step);
+  model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, B, true, cfg->seed, step, 0);
   be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, t->labels[slot], cfg->label_smoothing, B,
                       cfg->num_classes, t->opt);
   model_zero_grads(m);
