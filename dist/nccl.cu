@@ -252,11 +252,16 @@ int nccl_allreduce_after(NcclComm *nc, cudaEvent_t ready, float *data, int64_t c
   return nccl_allreduce(nc, data, count, op, dtype, stream, err);
 }
 
-int nccl_wait(NcclComm *nc, cudaStream_t stream, Error *err) {
+namespace {
+
+// Polls query() (a stream's or an event's state) until it reports completion, looking for NCCL
+// errors in between, for at most the communicator's timeout.
+template <typename Query>
+int wait_polling(NcclComm *nc, Query query, Error *err) {
   if (check_usable(nc, "wait", err) != 0) return -1;
   double start = time_now_s();
   for (;;) {
-    cudaError_t q = cudaStreamQuery(stream);
+    cudaError_t q = query();
     if (q == cudaSuccess) return nccl_check(nc, err);
     if (q != cudaErrorNotReady)
       return error_set(err, "rank %d: CUDA error while waiting for NCCL work: %s", nc->rank,
@@ -266,6 +271,18 @@ int nccl_wait(NcclComm *nc, cudaStream_t stream, Error *err) {
     if (time_now_s() - start > nc->timeout_s) return timed_out(nc, "all-reduce", err);
     pause_briefly();
   }
+}
+
+}  // namespace
+
+int nccl_wait(NcclComm *nc, cudaStream_t stream, Error *err) {
+  return wait_polling(
+      nc, [stream] { return cudaStreamQuery(stream); }, err);
+}
+
+int nccl_wait_event(NcclComm *nc, cudaEvent_t event, Error *err) {
+  return wait_polling(
+      nc, [event] { return cudaEventQuery(event); }, err);
 }
 
 int nccl_check(NcclComm *nc, Error *err) {

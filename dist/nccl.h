@@ -66,6 +66,10 @@ int nccl_allreduce_after(NcclComm *nc, cudaEvent_t ready, float *data, int64_t c
 // after the communicator's timeout (a peer that died or stopped calling the collective), having
 // aborted the communicator.
 int nccl_wait(NcclComm *nc, cudaStream_t stream, Error *err);
+// Waits until event has completed, polling for NCCL errors and bounded by the timeout, like
+// nccl_wait: for a host wait on work that depends on NCCL work (an event recorded on the stream
+// that carries it, or on a stream that waits for it) without waiting for everything queued since.
+int nccl_wait_event(NcclComm *nc, cudaEvent_t event, Error *err);
 // One non-blocking look for an asynchronous NCCL error (e.g. once per step).
 int nccl_check(NcclComm *nc, Error *err);
 

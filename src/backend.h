@@ -95,6 +95,15 @@ typedef struct {
                                                  // the work queued so far
   void (*stage_wait)(Backend *be, int slot);     // host waits until slot's uploads have run
 
+  // ---- ordering against a queue of the caller's (the gradient all-reduce, dist/reducer.h) ----
+  // event is a cudaEvent_t (passed as void *) that the caller created on the backend's device.
+  // record_event: the event completes when the work queued so far on the compute queue has run.
+  // wait_event: work queued later on the compute queue waits until the event (recorded on
+  // another stream) has completed. Neither waits on the host. The CPU's do nothing: its ops have
+  // run when they return, and its all-reduce is a blocking call.
+  void (*record_event)(Backend *be, void *event);
+  void (*wait_event)(Backend *be, void *event);
+
   // ---- model ops (shapes as in kernels/*.h) ----
   // dst (n, act) = src (n, f32) in the compute type (a plain copy in f32).
   void (*to_compute)(Backend *be, void *dst, const float *src, int64_t n);
@@ -103,9 +112,11 @@ typedef struct {
   void (*patch_embed_input)(Backend *be, void *patches, const void *input, DType input_dtype,
                             Normalize norm, int B, int H, int W, int Cin, int p);
   // Drop-path scales (units, B): unit u uses rate rates[u / 2]; 0 for a dropped sample, 1/keep
-  // for a kept one, drawn from (seed, step, unit, sample) exactly as the CPU draws them.
+  // for a kept one, drawn from (seed, step, unit, first_sample + b) exactly as the CPU draws
+  // them. first_sample is the global index in the step's batch of this call's sample 0 (rank *
+  // B under data parallelism), so N ranks draw what one process draws for the whole batch.
   void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
-                           uint64_t seed, int64_t step);
+                           int64_t first_sample, uint64_t seed, int64_t step);
   // images (B, H, W, Cin, f32) = (pixels / 255 - mean[c]) / std[c], from uint8 pixels: the
   // input of the per-batch augmentations, which work on normalized images.
   void (*images_normalize)(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,

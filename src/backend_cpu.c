@@ -99,6 +99,11 @@ static void cpu_stage_nothing(Backend *be, int slot) {
   (void)slot;
 }
 
+static void cpu_event_nothing(Backend *be, void *event) {
+  (void)be;
+  (void)event;
+}
+
 // ---- model ops ------------------------------------------------------------------------------
 
 static void cpu_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
@@ -117,14 +122,14 @@ static void cpu_patch_embed_input(Backend *be, void *patches, const void *input,
 }
 
 static void cpu_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                                 uint64_t seed, int64_t step) {
+                                 int64_t first_sample, uint64_t seed, int64_t step) {
   (void)be;
   for (int u = 0; u < units; u++) {
     // timm drop_path: keep with probability 1 - rate, kept samples scaled by 1 / keep.
     float keep = 1.0f - rates[u / 2];
     for (int b = 0; b < B; b++) {
-      float r = rng_u32_to_uniform(
-          rng_u32_at(seed, RNG_STREAM_DROP_PATH, (uint64_t)step, (uint64_t)u, (uint32_t)b));
+      float r = rng_u32_to_uniform(rng_u32_at(seed, RNG_STREAM_DROP_PATH, (uint64_t)step,
+                                              (uint64_t)u, (uint32_t)(first_sample + b)));
       scales[(int64_t)u * B + b] = r < keep ? 1.0f / keep : 0.0f;
     }
   }
@@ -324,6 +329,8 @@ static const BackendOps cpu_ops = {
     .stage_consume = cpu_stage_nothing,
     .stage_release = cpu_stage_nothing,
     .stage_wait = cpu_stage_nothing,
+    .record_event = cpu_event_nothing,
+    .wait_event = cpu_event_nothing,
     .to_compute = cpu_to_compute,
     .patch_embed_input = cpu_patch_embed_input,
     .drop_path_scales = cpu_drop_path_scales,

@@ -233,6 +233,16 @@ void cuda_stage_wait(Backend *be, int slot) {
   CUDA_CHECK(cudaEventSynchronize(state_of(be)->uploaded[slot]));
 }
 
+// ---- ordering against the caller's streams ------------------------------------------------------
+
+void cuda_record_event(Backend *be, void *event) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), state_of(be)->compute));
+}
+
+void cuda_wait_event(Backend *be, void *event) {
+  CUDA_CHECK(cudaStreamWaitEvent(state_of(be)->compute, static_cast<cudaEvent_t>(event), 0));
+}
+
 // ---- model ops --------------------------------------------------------------------------------
 
 void cuda_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
@@ -254,9 +264,9 @@ void cuda_patch_embed_input(Backend *be, void *patches, const void *input, DType
 }
 
 void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                           uint64_t seed, int64_t step) {
+                           int64_t first_sample, uint64_t seed, int64_t step) {
   OpScope scope(be, OP_ELEMENTWISE);
-  drop_path_scales_cuda(scales, rates, units, B, seed, step, state_of(be)->compute);
+  drop_path_scales_cuda(scales, rates, units, B, first_sample, seed, step, state_of(be)->compute);
 }
 
 void cuda_images_normalize(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
@@ -446,6 +456,8 @@ const BackendOps cuda_ops = {
     .stage_consume = cuda_stage_consume,
     .stage_release = cuda_stage_release,
     .stage_wait = cuda_stage_wait,
+    .record_event = cuda_record_event,
+    .wait_event = cuda_wait_event,
     .to_compute = cuda_to_compute,
     .patch_embed_input = cuda_patch_embed_input,
     .drop_path_scales = cuda_drop_path_scales,

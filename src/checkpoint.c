@@ -109,6 +109,8 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
   safetensors_writer_meta(&w, "loss_scale_good_steps", value);
   snprintf(value, sizeof value, "%" PRId64, state->skipped);
   safetensors_writer_meta(&w, "skipped_steps", value);
+  snprintf(value, sizeof value, "%d", state->world);
+  safetensors_writer_meta(&w, "world_size", value);
 
   // Tensor names live as long as the writer: build them in one block.
   char(*names)[2][128] = malloc_check(sizeof *names * (size_t)m->num_params);
@@ -211,6 +213,11 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
   s.scale_good_steps = (int32_t)good;
   if (safetensors_meta_get(&st, "skipped_steps") && meta_int(&st, "skipped_steps", &s.skipped, err))
     goto done;
+  // Absent before distributed training: 0, "not recorded".
+  int64_t world = 0;
+  if (safetensors_meta_get(&st, "world_size") && meta_int(&st, "world_size", &world, err))
+    goto done;
+  s.world = (int32_t)world;
 
   // Stage into temporaries so a bad tensor leaves the model untouched.
   size_t bytes = sizeof(float) * (size_t)m->num_floats;

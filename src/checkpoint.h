@@ -3,10 +3,11 @@
 // Tensors: the fp32 master weights under their timm names, the AdamW moments under
 // "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>". Metadata: format and version, the
 // resolved config (INI text), the optimizer step, the data position (epoch and next batch), the
-// seed that keys every counter-based random stream, the loss scaler (scale and clean steps) and
-// the count of skipped steps. The format is the same whatever device and precision wrote it. Files
-// are named ckpt-<step>.safetensors in the run directory, written atomically (temp file, fsync,
-// rename) with a checksum; the newest `keep` are kept.
+// seed that keys every counter-based random stream, the loss scaler (scale and clean steps), the
+// count of skipped steps and the process count of the job that wrote it. The format is the same
+// whatever device and precision wrote it. Files are named ckpt-<step>.safetensors in the run
+// directory, written atomically (temp file, fsync, rename) with a checksum; the newest `keep` are
+// kept.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +25,7 @@ typedef struct {
   double loss_scale;         // the dynamic loss scale (fp16; 1 otherwise)
   int32_t scale_good_steps;  // clean steps since the scale last changed
   int64_t skipped;  // steps skipped for a non-finite gradient: AdamW's step is step - skipped
+  int32_t world;    // processes of the job that wrote it (0 in checkpoints that do not say)
 } TrainState;
 
 // Saves m's weights, the moments exp_avg / exp_avg_sq (num_floats each) and state into

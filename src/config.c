@@ -274,6 +274,10 @@ static const ConfigKey config_keys[] = {
      "how gradients travel in the all-reduce: fp32, or bf16 for half the bytes (GPU only: "
      "the CPU backend reduces in fp32)",
      TEXT(reduce_dtype), .choices = "fp32|bf16"},
+    {"dist.timeout_s", KEY_FLOAT, "300",
+     "longest wait, in seconds, of a GPU rank for the others in NCCL (setup, a gradient "
+     "all-reduce) before it ends the job as stuck",
+     SCALAR(timeout_s), .range = ABOVE(0)},
 
     // [bench]
     {"bench.steps", KEY_INT, "50", "timed steps of the benchmark (in rounds of 10)",

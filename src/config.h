@@ -89,6 +89,7 @@ typedef struct {
   // [dist]
   float bucket_mb;       // gradient all-reduce bucket, MiB of fp32 gradients
   char reduce_dtype[8];  // "fp32" or "bf16": how gradients travel between GPUs
+  float timeout_s;       // GPU: longest wait for the other ranks in NCCL before the job ends
 
   // [bench]
   bool bench;        // benchmark mode (src/bench.c)

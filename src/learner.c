@@ -52,14 +52,19 @@ void optimizer_download_moments(Optimizer *o, const Model *m) {
   m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
 }
 
-void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
-                  int B, int64_t step, float lr) {
+void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                      const StepBatch *batch, int B, int64_t step, int64_t first_sample) {
   Backend *be = m->be;
-  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, step);
+  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, step,
+                first_sample);
   be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, batch->labels, batch->soft_targets,
                       cfg->label_smoothing, B, cfg->num_classes, o->state);
   model_zero_grads(m);
   model_backward(m, B);
+}
+
+void learner_update(Model *m, Optimizer *o, const Config *cfg, float lr) {
+  Backend *be = m->be;
   NVTX_PUSH("optimizer");
   OptimizerStep hyper = {.lr = lr,
                          .beta1 = cfg->beta1,
@@ -72,4 +77,10 @@ void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, con
                           m->grads, o->exp_avg, o->exp_avg_sq, m->num_floats, o->chunks,
                           o->num_chunks, hyper, o->state);
   NVTX_POP();
+}
+
+void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                  int B, int64_t step, float lr) {
+  learner_backward(m, o, cfg, norm, batch, B, step, 0);
+  learner_update(m, o, cfg, lr);
 }

@@ -37,8 +37,14 @@ typedef struct {
   const float *soft_targets;  // or NULL
 } StepBatch;
 
-// One training step on batch at step `step` (drop-path draws) with learning rate lr: forward,
-// loss (label-smoothed, or against the soft targets), backward, then the optimizer update.
-// Everything is queued; nothing waits.
+// The gradient of one training step on batch at step `step`: forward (drop path keyed by step
+// and the global index first_sample of the batch's first image), loss (label-smoothed, or
+// against the soft targets), backward into m->grads. Queued; nothing waits.
+void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                      const StepBatch *batch, int B, int64_t step, int64_t first_sample);
+// The optimizer update from m->grads at learning rate lr (gradient norm, clip, AdamW, compute
+// copy, loss scale). Queued.
+void learner_update(Model *m, Optimizer *o, const Config *cfg, float lr);
+// Both, for one process (the benchmark).
 void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
                   int B, int64_t step, float lr);

@@ -203,10 +203,7 @@ static void plan_activations(Model *m, Arena *a, int B) {
       b->ln2_mean = arena_floats(a, BL);
       b->ln2_rstd = arena_floats(a, BL);
       b->fc1 = arena_act(a, m, BL * g->hidden);
-      // Views into drop_scales: unit 2 gi (attention) and 2 gi + 1 (MLP), B each.
-      bool drops = m->block_drop[gi] > 0;
-      b->dp_attn = drops && x->drop_scales ? x->drop_scales + (int64_t)2 * gi * B : NULL;
-      b->dp_mlp = drops && x->drop_scales ? x->drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
+      // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
     }
     x->stage_out[s] = arena_act(a, m, BL * C);
     if (BL * C > max_lc) max_lc = BL * C;
@@ -473,8 +470,20 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
 static const char *const stage_names[CONFIG_MAX_STAGES] = {
     "stage 0", "stage 1", "stage 2", "stage 3", "stage 4", "stage 5", "stage 6", "stage 7"};
 
+// Views of each block's drop-path scales in drop_scales, which drop_path_scales fills as (units,
+// B) for this forward's B (which may be below max_batch): unit 2 gi (attention) and 2 gi + 1
+// (MLP); NULL where the block's rate is 0.
+static void bind_drop_scales(Model *m, int B) {
+  for (int gi = 0; gi < m->num_blocks; gi++) {
+    BlockActs *b = &m->acts.blocks[gi];
+    bool drops = m->block_drop[gi] > 0;
+    b->dp_attn = drops ? m->acts.drop_scales + (int64_t)2 * gi * B : NULL;
+    b->dp_mlp = drops ? m->acts.drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
+  }
+}
+
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, int64_t step) {
+                   bool train, uint64_t seed, int64_t step, int64_t first_sample) {
   NVTX_PUSH("forward");
   const Config *c = &m->cfg;
   Backend *be = m->be;
@@ -485,8 +494,11 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
   int E = c->embed_dim;
 
   m->drop_path_active = train && c->drop_path_rate > 0;
-  if (m->drop_path_active)
-    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, seed, step);
+  if (m->drop_path_active) {
+    bind_drop_scales(m, B);
+    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, first_sample,
+                          seed, step);
+  }
 
   // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
   // LayerNorm into the first block's input.
@@ -593,6 +605,14 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
                                        a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
 }
 
+// Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
+// the buffer is final. Backward writes each tensor's gradient in one place, walking the layout
+// (src/model.h) from its end to its start; the exception inside a block (the bias table's
+// gradient comes before qkv's, though it lies below) is why marks fall only between blocks.
+static void grads_final_from(Model *m, const float *lowest) {
+  if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
+}
+
 void model_backward(Model *m, int B) {
   NVTX_PUSH("backward");
   const Config *c = &m->cfg;
@@ -625,6 +645,7 @@ void model_backward(Model *m, int B) {
     for (int j = g->depth - 1; j >= 0; j--) {
       block_backward(m, g, j, B);
       block_norm1_backward(m, g, j, B);
+      grads_final_from(m, gw->blocks[g->first_block + j].norm1_w);  // the block's first tensor
     }
     // dbranch now holds d(stage input): back through the merge (linear, LN, gather) into dres.
     if (g->merge) {
@@ -634,6 +655,7 @@ void model_backward(Model *m, int B) {
       ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
                                     x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
                                     x->merge_rstd[s], B, p->H, p->W, p->C);
+      grads_final_from(m, gw->merge_norm_w[s]);
     }
     NVTX_POP();
   }
@@ -646,6 +668,7 @@ void model_backward(Model *m, int B) {
   ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
                        model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim,
                        NULL);
+  grads_final_from(m, m->grads);
   NVTX_POP();
 }
 

@@ -136,6 +136,12 @@ typedef struct {
 
   int max_batch;
   bool drop_path_active;  // the last forward drew drop-path scales (training)
+  // Called by model_backward each time every gradient at float offset >= lowest_offset is final
+  // for this backward: after each block, after each patch merging, and last with 0. A
+  // data-parallel trainer starts reducing the gradient buckets above that offset while backward
+  // goes on below it (dist/reducer.h). NULL: never called.
+  void (*grads_ready)(void *ctx, int64_t lowest_offset);
+  void *grads_ready_ctx;
   Arena acts_arena;
   Activations acts;
 } Model;
@@ -159,12 +165,15 @@ const void *model_compute_weight(const Model *m, const float *master);
 
 // Forward over B <= max_batch images input (B, H, W, Cin) in backend memory: uint8 pixels
 // (input_dtype U8, normalized with norm) or normalized f32 images (F32; norm unused). Logits land
-// in m->acts.logits. train enables drop path, keyed by (seed, step); eval uses none. Queued on
-// the backend; nothing waits.
+// in m->acts.logits. train enables drop path, keyed by (seed, step, first_sample + b):
+// first_sample is the global index of image 0 in the step's batch (rank * B under data
+// parallelism; 0 in one process), so every rank draws what one process would for the same
+// images. Eval uses no drop path. Queued on the backend; nothing waits.
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, int64_t step);
+                   bool train, uint64_t seed, int64_t step, int64_t first_sample);
 // Backward of the last training forward from m->acts.dlogits (B, classes); accumulates into
-// m->grads (zero them first with model_zero_grads).
+// m->grads (zero them first with model_zero_grads). Reports finished gradients to
+// m->grads_ready as it goes.
 void model_backward(Model *m, int B);
 void model_zero_grads(Model *m);
 

@@ -17,6 +17,7 @@
 
 #include "data/batch_augment.h"
 #include "data/loader.h"
+#include "dist/reducer.h"
 #include "optim/schedule.h"
 #include "src/backend.h"
 #include "src/checkpoint.h"
@@ -25,7 +26,7 @@
 #include "src/model.h"
 
 // The one piece of process-wide state: a signal handler can only talk to the loop through a
-// flag. Set by SIGINT/SIGTERM, read once per step.
+// flag. Set by SIGINT/SIGTERM/SIGUSR1, read once per step (and agreed among ranks).
 static volatile sig_atomic_t stop_requested = 0;
 
 static void on_stop_signal(int sig) {
@@ -40,6 +41,9 @@ void train_install_signal_handlers(void) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  // Open MPI's mpirun forwards SIGUSR1 to every rank, where a SIGTERM to mpirun is followed by a
+  // SIGKILL a second later: SIGUSR1 is how to stop a job through mpirun with a checkpoint.
+  sigaction(SIGUSR1, &sa, NULL);
 }
 
 // Batch slots in backend memory: 0 and 1 alternate in training, 2 and 3 in evaluation, so an
@@ -49,6 +53,9 @@ void train_install_signal_handlers(void) {
 
 typedef struct {
   const Config *cfg;
+  Comm *comm;            // the job; rank 0 alone writes metrics.jsonl and checkpoints
+  GradReducer *reducer;  // averages the gradients over the ranks; NULL without a launcher
+  LoaderOptions train_opt, eval_opt;  // this rank's share of each step and evaluation batch
   Backend be;
   Normalize norm;  // per input channel (data.mean/std given once apply to all)
   Model model;
@@ -77,6 +84,38 @@ typedef struct {
 
 static bool is_fp16(const Trainer *t) {
   return t->be.act == DTYPE_F16;
+}
+
+static bool is_lead(const Trainer *t) {
+  return t->comm->rank == 0;
+}
+
+int train_loader_options(const Config *cfg, const Comm *comm, bool train, LoaderOptions *opt,
+                         Error *err) {
+  int world = comm->world, batch = cfg->batch_size;
+  if (batch % world != 0) {
+    int below = batch / world * world;
+    char choices[64];
+    if (below > 0)
+      snprintf(choices, sizeof choices, "%d or %d", below, below + world);
+    else
+      snprintf(choices, sizeof choices, "%d", world);
+    return error_set(err,
+                     "train.batch_size = %d (the global batch) does not divide among the %d "
+                     "processes of this job\nHINT: set train.batch_size to a multiple of %d (%s; "
+                     "each process then takes train.batch_size / %d images a step), or start a "
+                     "number of processes that divides %d",
+                     batch, world, world, choices, world, batch);
+  }
+  int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : batch;
+  *opt = (LoaderOptions){.batch_size = train ? batch / world : (eval_batch + world - 1) / world,
+                         .train = train,
+                         .seed = cfg->seed,
+                         .workers = cfg->workers,
+                         .prefetch = cfg->prefetch,
+                         .rank = comm->rank,
+                         .world = world};
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -120,21 +159,24 @@ typedef struct {
   int64_t count;
 } EvalResult;
 
+// The evaluation sums of every rank's share of the val split, added up on every rank.
+static int reduce_eval_sums(Trainer *t, EvalSums *s, Error *err) {
+  double v[4] = {s->loss_sum, (double)s->top1, (double)s->top5, (double)s->count};
+  if (comm_allreduce_doubles(t->comm, v, 4, COMM_SUM, err) != 0) return -1;
+  *s = (EvalSums){
+      .loss_sum = v[0], .top1 = (int64_t)v[1], .top5 = (int64_t)v[2], .count = (int64_t)v[3]};
+  return 0;
+}
+
 static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   const Config *cfg = t->cfg;
   Model *m = &t->model;
   Backend *be = &t->be;
-  int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : cfg->batch_size;
-  if (eval_batch > m->max_batch) eval_batch = m->max_batch;
-  LoaderOptions opt = {.batch_size = eval_batch,
-                       .train = false,
-                       .seed = cfg->seed,
-                       .workers = cfg->workers,
-                       .prefetch = cfg->prefetch,
-                       .rank = 0,
-                       .world = 1,
-                       .alloc = be->ops->host_alloc,
-                       .release = be->ops->host_release};
+  // The host waits below (uploads, the sums) must not wait for a stuck all-reduce.
+  if (t->reducer && grad_reducer_sync(t->reducer, err) != 0) return -1;
+  LoaderOptions opt = t->eval_opt;
+  opt.alloc = be->ops->host_alloc;
+  opt.release = be->ops->host_release;
   Loader *loader;
   if (loader_create(&loader, t->val_set, &opt, err) != 0) return -1;
   be->ops->zero(be, t->eval_sums, sizeof(EvalSums));
@@ -144,9 +186,11 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   if (b) stage_batch(t, slot, b);
   while (b) {
     be->ops->stage_consume(be, slot);
-    model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, 0);
-    be->ops->eval_metrics(be, t->eval_sums, m->acts.logits, t->labels[slot], b->count,
-                          cfg->num_classes);
+    if (b->count > 0) {  // a rank's share of the last batch may be empty
+      model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, 0, 0);
+      be->ops->eval_metrics(be, t->eval_sums, m->acts.logits, t->labels[slot], b->count,
+                            cfg->num_classes);
+    }
     be->ops->stage_release(be, slot);
     Batch *next;
     if (loader_next(loader, &next, err) != 0) {
@@ -161,6 +205,7 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   loader_destroy(loader);
   EvalSums sums;
   be->ops->download(be, &sums, t->eval_sums, sizeof sums);
+  if (reduce_eval_sums(t, &sums, err) != 0) return error_prefix(err, "evaluation: ");
   r->count = sums.count;
   r->top1 = sums.count ? 100.0 * (double)sums.top1 / (double)sums.count : 0;
   r->top5 = sums.count ? 100.0 * (double)sums.top5 / (double)sums.count : 0;
@@ -185,8 +230,33 @@ static void upload_optim_state(Trainer *t) {
   t->skipped_seen = t->state.skipped;
 }
 
-// Reads the device-side state (waits for the queued steps) and clears the loss window.
-static OptimState read_optim_state(Trainer *t) {
+// The state every rank agrees on. The loss windows are summed: each rank's losses are means
+// over an equal share of the global batch, so the summed loss over the summed step count is the
+// global batch's mean loss, and a non-finite loss on any rank counts. The skip counts and the
+// gradient norm are the same on every rank (each decides from the same averaged gradients);
+// taking their largest keeps that true even if it were not. So every rank prints (rank 0) and
+// applies train.nonfinite from the same numbers.
+static int reduce_optim_state(Trainer *t, OptimState *s, Error *err) {
+  double sums[3] = {s->loss_sum, (double)s->loss_steps, (double)s->bad_losses};
+  double worst[3] = {s->grad_norm, (double)s->skipped, (double)s->skipped_run};
+  if (comm_allreduce_doubles(t->comm, sums, 3, COMM_SUM, err) != 0 ||
+      comm_allreduce_doubles(t->comm, worst, 3, COMM_MAX, err) != 0)
+    return -1;
+  s->loss_sum = sums[0];
+  s->loss_steps = (int64_t)sums[1];
+  s->bad_losses = (int64_t)sums[2];
+  s->grad_norm = worst[0];
+  s->skipped = (int64_t)worst[1];
+  s->skipped_run = (int64_t)worst[2];
+  return 0;
+}
+
+// Reads the device-side state (waits for the queued steps), clears the loss window, and agrees
+// on it with the other ranks.
+static int read_optim_state(Trainer *t, OptimState *out, Error *err) {
+  // The download waits for the compute queue, which waits for the all-reduce: wait for that
+  // first, bounded, so a stuck peer ends the job instead of hanging it.
+  if (t->reducer && grad_reducer_sync(t->reducer, err) != 0) return -1;
   OptimState s;
   t->be.ops->download(&t->be, &s, t->opt.state, sizeof s);
   OptimState cleared = s;
@@ -194,10 +264,12 @@ static OptimState read_optim_state(Trainer *t) {
   cleared.loss_steps = 0;
   cleared.bad_losses = 0;
   t->be.ops->upload(&t->be, t->opt.state, &cleared, sizeof cleared);
+  if (reduce_optim_state(t, &s, err) != 0) return -1;
   t->state.loss_scale = s.loss_scale;
   t->state.scale_good_steps = s.good_steps;
   t->state.skipped = s.skipped;
-  return s;
+  *out = s;
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,33 +308,35 @@ static int load_checkpoint(Trainer *t, const char *path, Error *err) {
 }
 
 // resume=auto takes the newest checkpoint that loads; broken newer ones are reported and skipped.
-static int resume_from(Trainer *t, Error *err) {
+// *loaded says whether a checkpoint was loaded.
+static int resume_from(Trainer *t, bool *loaded, Error *err) {
   const Config *cfg = t->cfg;
+  *loaded = false;
   if (cfg->resume[0] == 0) return 0;
   if (strcmp(cfg->resume, "auto") != 0) {
     if (load_checkpoint(t, cfg->resume, err) != 0) return error_prefix(err, "resume: ");
     printf("resumed from %s at step %lld\n", cfg->resume, (long long)t->state.step);
+    *loaded = true;
     return 0;
   }
   char **paths;
   int count = checkpoint_list(cfg->run_dir, &paths);
   int rc = 0;
-  bool loaded = false;
-  for (int i = 0; i < count && !loaded; i++) {
+  for (int i = 0; i < count && !*loaded; i++) {
     Error e;
     if (load_checkpoint(t, paths[i], &e) == 0) {
       printf("resumed from %s at step %lld\n", paths[i], (long long)t->state.step);
-      loaded = true;
+      *loaded = true;
     } else {
       fprintf(stderr, "warning: skipping checkpoint: %s\n", e.msg);
     }
   }
-  if (!loaded && count > 0)
+  if (!*loaded && count > 0)
     rc = error_set(err,
                    "resume=auto: no valid checkpoint among the %d in '%s'\n"
                    "HINT: remove the broken files or set resume= to start fresh",
                    count, cfg->run_dir);
-  if (!loaded && count == 0)
+  if (!*loaded && count == 0)
     printf("resume=auto: no checkpoint in %s, starting fresh\n", cfg->run_dir);
   checkpoint_list_free(paths, count);
   return rc;
@@ -314,15 +388,74 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
   }
 }
 
-static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
+// Every rank trains on the same kind of device: the reductions of the CPU (MPI) and of the GPU
+// (NCCL) do not mix.
+static int check_same_device(Trainer *t, Error *err) {
+  double cuda = t->be.device == DEVICE_CUDA, v[2] = {cuda, -cuda};
+  if (comm_allreduce_doubles(t->comm, v, 2, COMM_MAX, err) != 0) return -1;
+  if (v[0] == -v[1]) return 0;
+  return error_set(err,
+                   "rank %d trains on the %s, but another rank of the job on the %s\n"
+                   "HINT: set device=cuda (one GPU per process) or device=cpu for the whole job",
+                   t->comm->rank, cuda ? "GPU" : "CPU", cuda ? "CPU" : "GPU");
+}
+
+// Every rank starts from rank 0's weights, AdamW moments and training state: rank 0 alone
+// initialized them from init_from or resumed a checkpoint (files that may exist only on its node).
+static int share_start(Trainer *t, bool resumed, Error *err) {
+  Comm *c = t->comm;
+  Model *m = &t->model;
+  int32_t loaded = resumed;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  if (comm_broadcast(c, &loaded, sizeof loaded, 0, err) != 0 ||
+      comm_broadcast(c, &t->state, sizeof t->state, 0, err) != 0 ||
+      comm_broadcast(c, m->weights, (int64_t)bytes, 0, err) != 0)
+    return error_prefix(err, "sharing rank 0's weights: ");
+  if (loaded && (comm_broadcast(c, t->opt.host_exp_avg, (int64_t)bytes, 0, err) != 0 ||
+                 comm_broadcast(c, t->opt.host_exp_avg_sq, (int64_t)bytes, 0, err) != 0))
+    return error_prefix(err, "sharing rank 0's AdamW moments: ");
+  // The data order, augmentation and drop path are keyed by global sample indices, and the
+  // batch is global, so another process count continues the same run; only the order of the
+  // gradient sums changes.
+  if (loaded && t->state.world > 0 && t->state.world != c->world)
+    printf(
+        "resume: the checkpoint was written by a job of %d process%s, this job has %d: the "
+        "same run continues (data order, augmentation and drop path do not depend on the "
+        "process count), equal to the original up to float rounding\n",
+        t->state.world, t->state.world > 1 ? "es" : "", c->world);
+  t->state.world = c->world;
+  return 0;
+}
+
+// Rank 0's part of the start: the run directory and a checkpoint to resume.
+static int lead_start(Trainer *t, bool *resumed, Error *err) {
+  const Config *cfg = t->cfg;
+  if (make_run_dir(cfg->run_dir, err) != 0) return -1;
+  if (resume_from(t, resumed, err) != 0) return -1;
+  if (t->state.seed != cfg->seed)
+    return error_set(err,
+                     "the checkpoint was trained with seed %llu but the config says %llu\n"
+                     "HINT: set seed=%llu to continue the same run",
+                     (unsigned long long)t->state.seed, (unsigned long long)cfg->seed,
+                     (unsigned long long)t->state.seed);
+  return 0;
+}
+
+static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) {
   memset(t, 0, sizeof *t);
   t->cfg = cfg;
+  t->comm = comm;
   for (int c = 0; c < cfg->in_chans; c++) {
     t->norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
     t->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
   }
   if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+  if (train_loader_options(cfg, comm, true, &t->train_opt, err) != 0 ||
+      train_loader_options(cfg, comm, false, &t->eval_opt, err) != 0)
+    return -1;
+  if (dist_select_device(comm, cfg, err) != 0) return -1;
   if (backend_create(&t->be, cfg->device, cfg->precision, err) != 0) return -1;
+  if (comm->mpi && check_same_device(t, err) != 0) return -1;
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
@@ -336,13 +469,14 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
                      dataset_num_classes(t->train_set));
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
 
-  int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : cfg->batch_size;
-  int max_batch = cfg->batch_size > eval_batch ? cfg->batch_size : eval_batch;
+  int max_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
+                                                                   : t->eval_opt.batch_size;
   Backend *be = &t->be;
   if (model_create(&t->model, cfg, be, max_batch, err) != 0) return -1;
   Model *m = &t->model;
   model_init_weights(m, cfg->seed);
-  if (cfg->init_from[0] && import_weights(m, cfg->init_from, stdout, err) != 0) return -1;
+  if (is_lead(t) && cfg->init_from[0] && import_weights(m, cfg->init_from, stdout, err) != 0)
+    return -1;
   model_print_summary(m, stdout);
 
   // Optimizer: moments, chunk table and state in backend memory; host copies for checkpoints.
@@ -372,31 +506,29 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   }
   t->state = (TrainState){.seed = cfg->seed, .loss_scale = 1.0};
 
-  if (make_run_dir(cfg->run_dir, err) != 0) return -1;
-  if (resume_from(t, err) != 0) return -1;
-  if (t->state.seed != cfg->seed)
-    return error_set(err,
-                     "the checkpoint was trained with seed %llu but the config says %llu\n"
-                     "HINT: set seed=%llu to continue the same run",
-                     (unsigned long long)t->state.seed, (unsigned long long)cfg->seed,
-                     (unsigned long long)t->state.seed);
+  bool resumed = false;
+  if (is_lead(t) && lead_start(t, &resumed, err) != 0) return -1;
+  if (share_start(t, resumed, err) != 0) return -1;
   settle_loss_scale(t);
   model_weights_to_backend(m);
   optimizer_upload_moments(&t->opt, m);
   upload_optim_state(t);
   print_memory(t, optimizer_bytes(&t->opt, m), 4 * (pixel_bytes + sizeof(int) * (size_t)max_batch));
+  if (comm->mpi) {
+    if (grad_reducer_create(&t->reducer, comm, m, cfg, err) != 0) return -1;
+    printf(
+        "distributed: %d process%s (launched via %s), %d images each per step; gradients "
+        "averaged in %d bucket%s of up to %g MiB (%s)\n",
+        comm->world, comm->world > 1 ? "es" : "", comm->launcher, t->train_opt.batch_size,
+        grad_reducer_num_buckets(t->reducer), grad_reducer_num_buckets(t->reducer) > 1 ? "s" : "",
+        (double)cfg->bucket_mb, be->device == DEVICE_CUDA ? cfg->reduce_dtype : "fp32, MPI");
+  }
 
-  LoaderOptions opt = {.batch_size = cfg->batch_size,
-                       .train = true,
-                       .seed = cfg->seed,
-                       .workers = cfg->workers,
-                       .prefetch = cfg->prefetch,
-                       .rank = 0,
-                       .world = 1,
-                       .start_epoch = t->state.epoch,
-                       .start_batch = t->state.batch,
-                       .alloc = be->ops->host_alloc,
-                       .release = be->ops->host_release};
+  LoaderOptions opt = t->train_opt;
+  opt.start_epoch = t->state.epoch;
+  opt.start_batch = t->state.batch;
+  opt.alloc = be->ops->host_alloc;
+  opt.release = be->ops->host_release;
   if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return -1;
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1)
@@ -417,11 +549,12 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
          (long long)t->schedule.warmup_steps, t->schedule.min_lr);
-  return open_metrics(t, err);
+  return is_lead(t) ? open_metrics(t, err) : 0;
 }
 
 static void trainer_teardown(Trainer *t) {
   Backend *be = &t->be;
+  grad_reducer_destroy(t->reducer);
   if (t->loader) loader_destroy(t->loader);
   if (t->train_set) dataset_close(t->train_set);
   if (t->val_set) dataset_close(t->val_set);
@@ -447,12 +580,15 @@ static void trainer_teardown(Trainer *t) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The step: queued on the backend, nothing waits for it.
+// The step: queued on the backend, nothing waits for it. With several ranks each computes the
+// gradient of its share of the batch (drop path keyed by the global sample index), and the
+// reducer averages them over the ranks while backward runs, before the optimizer reads them.
 
-static void train_step(Trainer *t, int slot, int B) {
+static int train_step(Trainer *t, int slot, int B, Error *err) {
   const Config *cfg = t->cfg;
   Backend *be = &t->be;
   int64_t step = t->state.step;
+  int64_t first_sample = (int64_t)t->comm->rank * t->train_opt.batch_size;
   be->ops->stage_consume(be, slot);
   StepBatch batch = {
       .images = t->pixels[slot], .images_dtype = DTYPE_U8, .labels = t->labels[slot]};
@@ -465,10 +601,12 @@ static void train_step(Trainer *t, int slot, int B) {
     batch.images_dtype = DTYPE_F32;
     batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
   }
-  learner_step(&t->model, &t->opt, cfg, t->norm, &batch, B, step,
-               (float)lr_at_step(&t->schedule, step));
+  learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, step, first_sample);
+  if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
+  learner_update(&t->model, &t->opt, cfg, (float)lr_at_step(&t->schedule, step));
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
+  return 0;
 }
 
 static void format_duration(char *buf, size_t size, double seconds) {
@@ -479,17 +617,48 @@ static void format_duration(char *buf, size_t size, double seconds) {
     snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
+// 64-bit FNV-1a over the bits of n floats.
+static uint64_t hash_floats(const float *x, int64_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], sizeof u);
+    h = (h ^ u) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// The ranks' weights must be the same bits: each applies the same update to the same averaged
+// gradients. Compared at every checkpoint (a hash of the host copy), so a divergence stops the
+// run instead of forking it silently.
+static int check_same_weights(Trainer *t, Error *err) {
+  uint64_t h = hash_floats(t->model.weights, t->model.num_floats);
+  double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu), v[4] = {hi, lo, -hi, -lo};
+  if (comm_allreduce_doubles(t->comm, v, 4, COMM_MAX, err) != 0) return -1;
+  if (v[0] == -v[2] && v[1] == -v[3]) return 0;
+  return error_set(err,
+                   "rank %d: after step %lld the weights differ between the ranks (hash %016llx "
+                   "here)\nHINT: the ranks should apply identical updates; resume=auto from the "
+                   "last checkpoint, and report this with the config",
+                   t->comm->rank, (long long)t->state.step, (unsigned long long)h);
+}
+
+// Writes a checkpoint (rank 0) of the state just read back and checked.
 static int save_checkpoint(Trainer *t, Error *err) {
-  read_optim_state(t);
-  model_weights_to_host(&t->model);
-  optimizer_download_moments(&t->opt, &t->model);
-  char path[1024];
-  if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
-                      &t->state, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
-    return -1;
-  printf("checkpoint: %s\n", path);
-  fflush(stdout);
-  return 0;
+  bool several = t->comm->world > 1;
+  if (is_lead(t) || several) model_weights_to_host(&t->model);
+  if (several && check_same_weights(t, err) != 0) return -1;
+  if (is_lead(t)) {
+    optimizer_download_moments(&t->opt, &t->model);
+    char path[1024];
+    if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
+                        &t->state, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
+      return -1;
+    printf("checkpoint: %s%s\n", path, several ? " (weights identical on every rank)" : "");
+    fflush(stdout);
+  }
+  // The others wait here rather than in the next all-reduce, whose timeout is for a step.
+  return comm_barrier(t->comm, err);
 }
 
 static int run_eval(Trainer *t, EvalResult *r, Error *err) {
@@ -498,11 +667,13 @@ static int run_eval(Trainer *t, EvalResult *r, Error *err) {
   printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %.1fs)\n",
          (long long)t->state.step, r->top1, r->top5, r->loss, (long long)r->count,
          time_now_s() - t0);
-  fprintf(t->metrics,
-          "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
-          "\"eval_loss\": %.6f}\n",
-          (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5, r->loss);
-  fflush(t->metrics);
+  if (t->metrics) {  // rank 0's
+    fprintf(t->metrics,
+            "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
+            "\"eval_loss\": %.6f}\n",
+            (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5, r->loss);
+    fflush(t->metrics);
+  }
   fflush(stdout);
   return 0;
 }
@@ -549,21 +720,32 @@ static void log_progress(Trainer *t, const OptimState *s, double lr, double img_
   printf("epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  eta %s%s\n",
          (long long)(epoch_end ? t->state.epoch : t->state.epoch + 1), (long long)t->state.step,
          (long long)t->total_steps, loss, lr, s->grad_norm, img_s, eta_s, extra);
-  fprintf(t->metrics,
-          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-          "\"img_per_s\": %.1f, \"loss_scale\": %g, \"skipped\": %lld}\n",
-          (long long)t->state.step, (long long)t->state.epoch, loss, lr, s->grad_norm, img_s,
-          (double)s->loss_scale, (long long)s->skipped);
-  fflush(t->metrics);
+  if (t->metrics) {  // rank 0's
+    fprintf(t->metrics,
+            "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": "
+            "%.6f, \"img_per_s\": %.1f, \"loss_scale\": %g, \"skipped\": %lld}\n",
+            (long long)t->state.step, (long long)t->state.epoch, loss, lr, s->grad_norm, img_s,
+            (double)s->loss_scale, (long long)s->skipped);
+    fflush(t->metrics);
+  }
   fflush(stdout);
 }
 
-int train_run(const Config *cfg, Error *err) {
+// Whether to stop after this step: a stop request (signal) seen by any rank stops every rank
+// after the same step, so they all write the same checkpoint decision.
+static int stop_agreed(Trainer *t, bool *stop, Error *err) {
+  double v = stop_requested;
+  if (comm_allreduce_doubles(t->comm, &v, 1, COMM_MAX, err) != 0) return -1;
+  *stop = v > 0;
+  return 0;
+}
+
+int train_run(const Config *cfg, Comm *comm, Error *err) {
   Trainer t;
   int rc = -1;
   Batch *b = NULL;
   int slot = TRAIN_SLOT;
-  if (trainer_setup(&t, cfg, err) != 0) goto done;
+  if (trainer_setup(&t, cfg, comm, err) != 0) goto done;
 
   double t_start = time_now_s(), t_window = t_start;
   int64_t steps_window = 0, start_step = t.state.step;
@@ -575,7 +757,7 @@ int train_run(const Config *cfg, Error *err) {
   }
   while (t.state.step < t.total_steps) {
     double lr = lr_at_step(&t.schedule, t.state.step);
-    train_step(&t, slot, b->count);
+    if (train_step(&t, slot, b->count, err) != 0) goto done;
     t.state.epoch = b->epoch;
     t.state.batch = b->index + 1;
     if (t.state.batch == t.steps_per_epoch) {
@@ -592,15 +774,20 @@ int train_run(const Config *cfg, Error *err) {
       }
       stage_batch(&t, slot ^ 1, next);
     }
+    // Returning the batch waits for its upload, which waited for the compute of an earlier
+    // step, which waited for that step's all-reduce: bound that wait first.
+    if (t.reducer && grad_reducer_sync_previous(t.reducer, err) != 0) goto done;
     release_batch(&t, t.loader, slot, b);
     b = next;
     slot ^= 1;
     steps_window++;
 
     int64_t step = t.state.step;
-    bool epoch_end = t.state.batch == 0;
+    bool epoch_end = t.state.batch == 0, stop;
+    if (stop_agreed(&t, &stop, err) != 0) goto done;
     if (step % cfg->log_every == 0 || step == t.total_steps || step == start_step + 1) {
-      OptimState s = read_optim_state(&t);
+      OptimState s;
+      if (read_optim_state(&t, &s, err) != 0) goto done;
       double now = time_now_s();
       double img_s = (double)steps_window * cfg->batch_size / (now - t_window);
       double eta = (double)(t.total_steps - step) * (now - t_start) / (double)(step - start_step);
@@ -611,23 +798,25 @@ int train_run(const Config *cfg, Error *err) {
     }
     bool last = step == t.total_steps;
     bool eval_now = cfg->eval_every > 0 ? step % cfg->eval_every == 0 : epoch_end;
-    if ((eval_now || last) && !stop_requested) {
+    if ((eval_now || last) && !stop) {
       if (run_eval(&t, &last_eval, err) != 0) goto done;
       have_eval = true;
     }
     bool ckpt_now = cfg->ckpt_every > 0 ? step % cfg->ckpt_every == 0 : epoch_end;
-    if (ckpt_now || last || stop_requested) {
+    if (ckpt_now || last || stop) {
       // A checkpoint is written only after the steps since the last read-back were checked.
-      OptimState s = read_optim_state(&t);
+      OptimState s;
+      if (read_optim_state(&t, &s, err) != 0) goto done;
       if (check_nonfinite(&t, &s, err) != 0) goto done;
       if (save_checkpoint(&t, err) != 0) goto done;
     }
-    if (stop_requested) {
+    if (stop) {
       printf("stopped by signal at step %lld; resume with resume=auto\n", (long long)step);
       interrupted = true;
       break;
     }
   }
+  if (t.reducer && grad_reducer_sync(t.reducer, err) != 0) goto done;
   double elapsed = time_now_s() - t_start;
   char took[32];
   format_duration(took, sizeof took, elapsed);
@@ -641,6 +830,9 @@ int train_run(const Config *cfg, Error *err) {
            interrupted ? " (interrupted)" : "");
   rc = 0;
 done:
+  // A failing rank of a job leaves its memory to the process's end: main() ends the whole job
+  // at once, and freeing device memory could wait for a stream that waits for a peer.
+  if (rc != 0 && comm->mpi) return rc;
   if (b) release_batch(&t, t.loader, slot, b);
   trainer_teardown(&t);
   return rc;

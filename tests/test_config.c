@@ -86,7 +86,7 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
   SAME(train_limit); SAME(val_limit); SAME(ckpt_every); SAME(ckpt_keep);
-  SAME(bucket_mb); SAME_STR(reduce_dtype);
+  SAME(bucket_mb); SAME_STR(reduce_dtype); SAME(timeout_s);
   return NULL;
 #undef SAME_STR
 #undef SAME
@@ -126,7 +126,8 @@ static void test_defaults(void) {
        c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0;
   test_check(ok, "defaults: [data]");
   test_check(c.ckpt_every == 0 && c.ckpt_keep == 3, "defaults: [ckpt]");
-  test_check(c.bucket_mb == 25.0f && strcmp(c.reduce_dtype, "fp32") == 0, "defaults: [dist]");
+  test_check(c.bucket_mb == 25.0f && strcmp(c.reduce_dtype, "fp32") == 0 && c.timeout_s == 300.0f,
+             "defaults: [dist]");
   Error err;
   check_ok("defaults validate (maps 56,28,14,7)", config_validate(&c, &err), &err);
 }

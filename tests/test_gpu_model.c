@@ -98,7 +98,7 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
   Normalize norm = {{0}, {0}};
   for (int c = 0; c < cfg->in_chans; c++) norm.mean[c] = cfg->mean[0], norm.std[c] = cfg->std[0];
 
-  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, 3);
+  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, 3, 0);
   be->ops->train_loss(be, m.acts.dlogits, m.acts.logits, labels, NULL, cfg->label_smoothing, B,
                       cfg->num_classes, state);
   model_zero_grads(&m);

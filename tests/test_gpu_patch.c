@@ -4,7 +4,9 @@
 //   p = 4 and 2. Both backends compute ((float)v / 255 - mean) / std with IEEE division and no
 //   contraction possible, so the GPU's patches must be exactly the CPU's rounded to the compute
 //   type, bit for bit.
-//   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits.
+//   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits;
+//   and a call for samples [k, k + B) of a batch (first_sample = k, as rank r of a data-parallel
+//   job draws) must give exactly that slice of the scales of the whole batch.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -65,12 +67,12 @@ static void check_patch(BackendPair *p, const PatchShape *s, DType input_dtype, 
   free(got);
 }
 
-// scales (units, B) for `units` drop-path units at rates[u / 2].
-static void drop_on(Backend *be, const float *rates_h, int units, int B, uint64_t seed,
-                    int64_t step, float *scales_h) {
+// scales (units, B) for `units` drop-path units at rates[u / 2], samples first .. first + B - 1.
+static void drop_on(Backend *be, const float *rates_h, int units, int B, int64_t first,
+                    uint64_t seed, int64_t step, float *scales_h) {
   float *rates = be_copy_f32(be, rates_h, (units + 1) / 2);
   float *scales = be_poisoned_f32(be, (int64_t)units * B);
-  be->ops->drop_path_scales(be, scales, rates, units, B, seed, step);
+  be->ops->drop_path_scales(be, scales, rates, units, B, first, seed, step);
   be_read_f32(be, scales_h, scales, (int64_t)units * B);
   be_free(be, rates);
   be_free(be, scales);
@@ -89,9 +91,24 @@ static void check_drop_path(BackendPair *p) {
     snprintf(ctx, sizeof ctx, "drop_path_scales [%s] %d units x %d samples, step %lld",
              p->precision, UNITS, B, (long long)steps[k]);
     float *want = test_alloc_floats(UNITS * B), *got = test_alloc_floats(UNITS * B);
-    drop_on(&p->cpu, rates, UNITS, B, seed, steps[k], want);
-    drop_on(&p->gpu, rates, UNITS, B, seed, steps[k], got);
+    drop_on(&p->cpu, rates, UNITS, B, 0, seed, steps[k], want);
+    drop_on(&p->gpu, rates, UNITS, B, 0, seed, steps[k], got);
     test_same_bits(ctx, "scales", got, want, UNITS * B);
+    // Rank 1 of 2 draws samples [B/2, B): the second half of every unit's row, on both backends.
+    enum { HALF = B / 2 };
+    float *half_cpu = test_alloc_floats(UNITS * HALF), *half_gpu = test_alloc_floats(UNITS * HALF);
+    float *slice = test_alloc_floats(UNITS * HALF);
+    drop_on(&p->cpu, rates, UNITS, HALF, HALF, seed, steps[k], half_cpu);
+    drop_on(&p->gpu, rates, UNITS, HALF, HALF, seed, steps[k], half_gpu);
+    for (int u = 0; u < UNITS; u++)
+      memcpy(slice + u * HALF, want + u * B + HALF, sizeof(float) * HALF);
+    test_same_bits(ctx, "first_sample 32: the CPU's scales = the batch's second half", half_cpu,
+                   slice, UNITS * HALF);
+    test_same_bits(ctx, "first_sample 32: the GPU's scales = the batch's second half", half_gpu,
+                   slice, UNITS * HALF);
+    free(half_cpu);
+    free(half_gpu);
+    free(slice);
     // The draw must reach both outcomes, or the test would not tell them apart.
     int zeros = 0, kept = 0;
     for (int i = 0; i < UNITS * B; i++) {

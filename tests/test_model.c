@@ -1,6 +1,8 @@
 // test_model.c: the whole model. Parameter counts of the official sizes, and the backward of a
 // tiny Swin (shifted windows, H != W, a shift along one side only, a map smaller than the
-// window, drop path) against finite differences of its forward, tensor by tensor.
+// window, drop path) against finite differences of its forward, tensor by tensor. For data
+// parallelism: a batch forwarded in two shares (first_sample) gives the whole batch's logits,
+// drop path included; and every gradient that backward reports final (grads_ready) is final.
 #include <omp.h>
 
 #include "kernels/loss.h"
@@ -32,7 +34,7 @@ static Config tiny_config(void) {
 // L = sum(logits * R): a loss whose gradient reaches every parameter with O(1) magnitude
 // (cross-entropy has its own test); accumulated in double.
 static double loss_of(Model *m, const float *images, const float *R, int B, int64_t step) {
-  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step);
+  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step, 0);
   double L = 0;
   for (int i = 0; i < B * m->cfg.num_classes; i++) L += (double)m->acts.logits[i] * R[i];
   return L;
@@ -194,10 +196,10 @@ static void test_gradients(void) {
   }
 
   // Eval forward: no drop path, deterministic, and differs from the train forward.
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7, step);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7, step, 0);
   float *eval1 = malloc(sizeof(float) * B * K);
   memcpy(eval1, m.acts.logits, sizeof(float) * B * K);
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99, 12345);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99, 12345, 0);
   test_check(memcmp(eval1, m.acts.logits, sizeof(float) * B * K) == 0,
              "eval forward ignores seed and step");
   free(eval1);
@@ -208,8 +210,128 @@ static void test_gradients(void) {
   backend_destroy(&be);
 }
 
+// A tiny model on the CPU backend with enlarged random weights, and B random images.
+static bool tiny_model(Model *m, Backend *be, int B, TestRng *rng, float **images) {
+  Config c = tiny_config();
+  Error err;
+  if (backend_create(be, "cpu", "fp32", &err) != 0 || model_create(m, &c, be, B, &err) != 0) {
+    test_check(0, "tiny model_create: %s", err.msg);
+    return false;
+  }
+  test_fill_uniform(rng, m->weights, m->num_floats, -0.15f, 0.15f);
+  int64_t n = (int64_t)B * c.img_h * c.img_w * c.in_chans;
+  *images = test_alloc_floats(n);
+  test_fill_uniform(rng, *images, n, -2, 2);
+  return true;
+}
+
+// Rank r of a data-parallel job forwards its share of the batch with first_sample = its first
+// image's index in the batch: the logits of two shares must be the whole batch's, drop path
+// included (each sample's computation does not depend on the others', and its drop-path draws
+// are keyed by its global index). Forwarding the second share as if it began the batch must
+// not match: the drop pattern of samples 0.. would be applied to samples 2...
+static void test_split_batch(void) {
+  enum { B = 4, HALF = 2 };
+  TestRng rng = {7};
+  Model m;
+  Backend be;
+  float *images;
+  if (!tiny_model(&m, &be, B, &rng, &images)) return;
+  const int K = m.cfg.num_classes;
+  const int64_t per_image = (int64_t)m.cfg.img_h * m.cfg.img_w * m.cfg.in_chans, step = 11;
+  float whole[B * 5], split[B * 5], wrong[HALF * 5];
+  test_check(K == 5, "tiny model has 5 classes");
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step, 0);
+  memcpy(whole, m.acts.logits, sizeof(float) * B * K);
+  int dropped = 0;
+  for (int64_t i = 0; i < 2 * (int64_t)m.num_blocks * B; i++) dropped += m.acts.drop_scales[i] == 0;
+  for (int share = 0; share < 2; share++) {
+    model_forward(&m, images + share * HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF,
+                  true, 7, step, share * HALF);
+    memcpy(split + share * HALF * K, m.acts.logits, sizeof(float) * HALF * K);
+  }
+  double err = test_rel_err(split, whole, B * K);
+  test_check(dropped > 0 && err == 0,
+             "a batch of %d in two shares (first_sample 0 and %d): the same logits, drop path "
+             "included (%d of %d drops; rel err %.1e)",
+             B, HALF, dropped, 2 * m.num_blocks * B, err);
+  model_forward(&m, images + HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF, true, 7,
+                step, 0);
+  memcpy(wrong, m.acts.logits, sizeof(float) * HALF * K);
+  err = test_rel_err(wrong, whole + HALF * K, HALF * K);
+  test_check(err > 1e-3,
+             "negative control: the second share drawn as samples 0.. differs (rel err %.2e)", err);
+  free(images);
+  model_destroy(&m);
+  backend_destroy(&be);
+}
+
+// Snapshots of the gradient buffer from each grads_ready call, from its offset to the end.
+typedef struct {
+  const Model *m;
+  int calls;
+  int64_t offsets[64];
+  float *above[64];
+  float *whole_at_first;  // the whole buffer at the first call: the negative control
+} Marks;
+
+static void record_mark(void *ctx, int64_t lowest) {
+  Marks *k = ctx;
+  const Model *m = k->m;
+  if (k->calls == 0) {
+    k->whole_at_first = test_alloc_floats(m->num_floats);
+    memcpy(k->whole_at_first, m->grads, sizeof(float) * (size_t)m->num_floats);
+  }
+  if (k->calls >= 64) return;
+  int64_t n = m->num_floats - lowest;
+  k->offsets[k->calls] = lowest;
+  k->above[k->calls] = test_alloc_floats(n > 0 ? n : 1);
+  memcpy(k->above[k->calls], m->grads + lowest, sizeof(float) * (size_t)n);
+  k->calls++;
+}
+
+// A data-parallel trainer reduces a gradient bucket as soon as backward reports it final: every
+// value it reported final must be what backward leaves there at the end. Marks come after every
+// block and every patch merging, then 0, at falling offsets.
+static void test_grads_ready(void) {
+  enum { B = 3 };
+  TestRng rng = {11};
+  Model m;
+  Backend be;
+  float *images;
+  if (!tiny_model(&m, &be, B, &rng, &images)) return;
+  Marks marks = {.m = &m};
+  m.grads_ready = record_mark;
+  m.grads_ready_ctx = &marks;
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, 11, 0);
+  test_fill_uniform(&rng, m.acts.dlogits, (int64_t)B * m.cfg.num_classes, -1, 1);
+  model_zero_grads(&m);
+  model_backward(&m, B);
+  int merges = m.num_stages - 1;
+  bool falling = true, final = true;
+  for (int i = 0; i < marks.calls; i++) {
+    falling &= i == 0 || marks.offsets[i] < marks.offsets[i - 1];
+    int64_t n = m.num_floats - marks.offsets[i];
+    final &= memcmp(marks.above[i], m.grads + marks.offsets[i], sizeof(float) * (size_t)n) == 0;
+  }
+  test_check(
+      marks.calls == m.num_blocks + merges + 1 && falling && marks.offsets[marks.calls - 1] == 0,
+      "grads_ready: %d marks (want %d blocks + %d merges + the end), falling, last at 0",
+      marks.calls, m.num_blocks, merges);
+  test_check(final, "grads_ready: every gradient at or above each mark is already final there");
+  test_check(memcmp(marks.whole_at_first, m.grads, sizeof(float) * (size_t)m.num_floats) != 0,
+             "negative control: the buffer below the first mark was not final yet");
+  for (int i = 0; i < marks.calls; i++) free(marks.above[i]);
+  free(marks.whole_at_first);
+  free(images);
+  model_destroy(&m);
+  backend_destroy(&be);
+}
+
 int main(void) {
   test_param_counts();
   test_gradients();
+  test_split_batch();
+  test_grads_ready();
   return test_finish();
 }

@@ -104,7 +104,7 @@ static void check_fixture(const char *path) {
   // Forward, loss, gradients: the trainer's path through the CPU backend.
   float *dlogits = m.acts.dlogits;
   const Normalize none = {{0}, {0}};
-  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, 0);
+  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, 0, 0);
   test_close("logits", m.acts.logits, logits_ref, (int64_t)B * K, 1e-5);
   double loss = cross_entropy_forward_backward_cpu(dlogits, m.acts.logits, labels, NULL,
                                                    cfg.label_smoothing, B, K);
@@ -127,9 +127,8 @@ static void check_fixture(const char *path) {
   model_adamw_chunks(&m, cfg.weight_decay, chunks);
   OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
-    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, step);
-    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K,
-                       &state);
+    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, step, 0);
+    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K, &state);
     model_zero_grads(&m);
     model_backward(&m, B);
     OptimizerStep hyper = {.lr = (float)lr_at_step(&sched, step),

@@ -11,7 +11,7 @@
 #include "src/train.h"
 #include "src/util.h"
 
-// Validates and trains; prints the error and returns -1 on failure.
+// Validates and trains as a single process; prints the error and returns -1 on failure.
 static inline int train_test_run(const Config *c) {
   Config v = *c;
   Error err;
@@ -19,7 +19,12 @@ static inline int train_test_run(const Config *c) {
     printf("config: %s\n", err.msg);
     return -1;
   }
-  int rc = train_run(&v, &err);
+  Comm alone;  // rank 0 of 1: no launcher started a test program
+  if (comm_init(&alone, &err) != 0 || alone.mpi) {
+    printf("comm_init: %s\n", alone.mpi ? "a launcher started this test" : err.msg);
+    return -1;
+  }
+  int rc = train_run(&v, &alone, &err);
   if (rc != 0) printf("train_run: %s\n", err.msg);
   return rc;
 }

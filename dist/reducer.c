@@ -1,0 +1,202 @@
+// reducer.c: data-parallel gradient averaging (see reducer.h).
+#define _POSIX_C_SOURCE 200809L  // setenv
+#include "dist/reducer.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/bucket.h"
+#ifdef SWIN_HAVE_NCCL
+#include "dist/nccl.h"
+#include "src/cuda_util.h"
+#endif
+
+struct GradReducer {
+  Comm *comm;
+  Model *model;
+  GradBucket *buckets;  // (num_buckets) in the order backward finishes them
+  int num_buckets;
+  int next;     // the first bucket of this step not reduced yet
+  bool failed;  // a reduction of this step failed; err says how
+  Error err;
+#ifdef SWIN_HAVE_NCCL
+  NcclComm *nccl;  // NULL on the CPU backend
+  ReduceDtype dtype;
+  cudaStream_t stream;  // the communication stream
+  cudaEvent_t *ready;   // (num_buckets) recorded on the compute stream: the bucket is written
+  cudaEvent_t
+      reduced[2];  // recorded on the communication stream after step s's last bucket: [s % 2]
+  int64_t steps;   // steps finished (grad_reducer_finish_step calls)
+#endif
+};
+
+static bool uses_cuda(const Config *cfg) {
+  return strcmp(cfg->device, "cuda") == 0 ||
+         (strcmp(cfg->device, "auto") == 0 && backend_cuda_usable());
+}
+
+int dist_select_device(Comm *c, const Config *cfg, Error *err) {
+  if (!c->mpi || !uses_cuda(cfg)) return 0;
+#if defined(SWIN_HAVE_NCCL)
+  // NVLink multicast (NVLS) can take a shared machine's GPUs out of service; it stays off unless
+  // the user turns it on (NCCL_NVLS_ENABLE=1).
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  int device;
+  return nccl_select_device(c, &device, err);
+#elif defined(SWIN_HAVE_CUDA)
+  return error_set(err,
+                   "rank %d: distributed training on the GPU needs NCCL, and this build has none\n"
+                   "HINT: install NCCL (it comes with the CUDA toolkit or as libnccl-dev) and "
+                   "rebuild, or set device=cpu",
+                   c->rank);
+#else
+  (void)err;
+  return 0;  // backend_create says that this build has no CUDA backend
+#endif
+}
+
+// Averages bucket k over every rank: at once on the CPU; on the GPU, queued on the communication
+// stream behind an event that marks the end of the compute stream's work so far.
+static int reduce_bucket(GradReducer *r, int k) {
+  const GradBucket *b = &r->buckets[k];
+  float *data = r->model->grads + b->offset;
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl) {
+    Backend *be = r->model->be;
+    be->ops->record_event(be, r->ready[k]);
+    return nccl_allreduce_after(r->nccl, r->ready[k], data, b->count, COMM_AVG, r->dtype, r->stream,
+                                &r->err);
+  }
+#endif
+  return comm_allreduce_floats(r->comm, data, b->count, COMM_AVG, &r->err);
+}
+
+// Model.grads_ready: every bucket lying wholly at or above lowest is final; reduce those not yet
+// reduced. Buckets are numbered from the end of the buffer down, as backward finishes them.
+static void grads_ready(void *ctx, int64_t lowest) {
+  GradReducer *r = ctx;
+  while (!r->failed && r->next < r->num_buckets && r->buckets[r->next].offset >= lowest) {
+    if (reduce_bucket(r, r->next) != 0) r->failed = true;
+    r->next++;
+  }
+}
+
+#ifdef SWIN_HAVE_NCCL
+static int create_nccl(GradReducer *r, Comm *c, const Config *cfg, Error *err) {
+  r->dtype = reduce_dtype_from_name(cfg->reduce_dtype);
+  int64_t largest = 0;
+  for (int k = 0; k < r->num_buckets; k++)
+    if (r->buckets[k].count > largest) largest = r->buckets[k].count;
+  if (nccl_comm_create(&r->nccl, c, cfg->timeout_s, r->dtype == REDUCE_BF16 ? largest : 0, err) !=
+      0)
+    return -1;
+  // The highest priority: the all-reduce kernels get SMs as soon as some free up between
+  // backward's kernels, instead of after every kernel queued before them.
+  int least, greatest;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&r->stream, cudaStreamNonBlocking, greatest));
+  r->ready = calloc_check((size_t)r->num_buckets, sizeof(cudaEvent_t));
+  for (int k = 0; k < r->num_buckets; k++)
+    CUDA_CHECK(cudaEventCreateWithFlags(&r->ready[k], cudaEventDisableTiming));
+  for (int k = 0; k < 2; k++)
+    CUDA_CHECK(cudaEventCreateWithFlags(&r->reduced[k], cudaEventDisableTiming));
+  return 0;
+}
+#endif
+
+int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg, Error *err) {
+  *out = NULL;
+  bool cuda = m->be->device == DEVICE_CUDA;
+  if (!cuda && strcmp(cfg->reduce_dtype, "bf16") == 0)
+    return error_set(err,
+                     "rank %d: dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but this "
+                     "run is on the CPU\nHINT: set dist.reduce_dtype=fp32",
+                     c->rank);
+  GradReducer *r = calloc_check(1, sizeof *r);
+  r->comm = c;
+  r->model = m;
+  if (bucket_plan_model(m, cfg->bucket_mb, &r->buckets, &r->num_buckets, err) != 0) {
+    free(r);
+    return -1;
+  }
+  if (cuda) {
+#ifdef SWIN_HAVE_NCCL
+    if (create_nccl(r, c, cfg, err) != 0) {
+      grad_reducer_destroy(r);
+      return -1;
+    }
+#else
+    grad_reducer_destroy(r);
+    return error_set(err,
+                     "rank %d: distributed training on the GPU needs NCCL, and this build "
+                     "has none\nHINT: rebuild with NCCL, or set device=cpu",
+                     c->rank);
+#endif
+  }
+  m->grads_ready = grads_ready;
+  m->grads_ready_ctx = r;
+  *out = r;
+  return 0;
+}
+
+void grad_reducer_destroy(GradReducer *r) {
+  if (!r) return;
+  if (r->model->grads_ready_ctx == r) {
+    r->model->grads_ready = NULL;
+    r->model->grads_ready_ctx = NULL;
+  }
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl) nccl_comm_destroy(r->nccl);
+  for (int k = 0; r->ready && k < r->num_buckets; k++) cudaEventDestroy(r->ready[k]);
+  for (int k = 0; k < 2; k++)
+    if (r->reduced[k]) cudaEventDestroy(r->reduced[k]);
+  if (r->stream) cudaStreamDestroy(r->stream);
+  free(r->ready);
+#endif
+  free(r->buckets);
+  free(r);
+}
+
+int grad_reducer_num_buckets(const GradReducer *r) {
+  return r->num_buckets;
+}
+
+int grad_reducer_finish_step(GradReducer *r, Error *err) {
+  grads_ready(r, 0);
+  r->next = 0;
+  if (r->failed) {
+    r->failed = false;
+    return error_set(err, "%s", r->err.msg);
+  }
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl) {
+    cudaEvent_t done = r->reduced[r->steps % 2];
+    CUDA_CHECK(cudaEventRecord(done, r->stream));
+    r->model->be->ops->wait_event(r->model->be, done);
+    r->steps++;
+    return nccl_check(r->nccl, err);
+  }
+#endif
+  (void)err;
+  return 0;
+}
+
+int grad_reducer_sync(GradReducer *r, Error *err) {
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl) return nccl_wait(r->nccl, r->stream, err);
+#endif
+  (void)r;
+  (void)err;
+  return 0;
+}
+
+int grad_reducer_sync_previous(GradReducer *r, Error *err) {
+#ifdef SWIN_HAVE_NCCL
+  // The last step's event is reduced[(steps - 1) % 2]; the one before it, reduced[steps % 2].
+  if (r->nccl && r->steps >= 2) return nccl_wait_event(r->nccl, r->reduced[r->steps % 2], err);
+#endif
+  (void)r;
+  (void)err;
+  return 0;
+}

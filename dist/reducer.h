@@ -1,0 +1,59 @@
+// reducer.h: the gradient averaging of data-parallel training. After each backward every rank's
+// gradient buffer holds the mean of all ranks' gradients, reduced bucket by bucket (bucket.h) as
+// soon as backward has finished each bucket (Model.grads_ready), so the reduction of the upper
+// layers' gradients overlaps the backward of the lower ones.
+//
+// CPU backend: each finished bucket is averaged at once with MPI (comm_allreduce_floats); the
+// CPU's ops have run when they return, so that is all the ordering there is.
+// CUDA backend (built with NCCL): each finished bucket's all-reduce is queued on a communication
+// stream after an event recorded on the compute stream (the backend's record_event), so it runs
+// while the compute stream goes on with backward; the compute stream waits for the communication
+// stream (wait_event) only before the optimizer reads the gradients. The host never blocks on
+// work that depends on another rank except through nccl_wait / nccl_wait_event, which end in an
+// error naming the rank after dist.timeout_s instead of hanging on a dead or stuck peer.
+//
+// Every rank gets the same bits (MPI's and NCCL's all-reduce are deterministic and give every
+// rank the same result), so the optimizer takes the same decision everywhere and the weights stay
+// identical across ranks.
+#pragma once
+#include <stdint.h>
+
+#include "dist/comm.h"
+#include "src/config.h"
+#include "src/model.h"
+#include "src/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct GradReducer GradReducer;
+
+// In a job started by a launcher whose device is (or, with device=auto, resolves to) CUDA: takes
+// this process's GPU from its local rank (nccl_select_device) before the backend is created, and
+// turns NVLink multicast off in NCCL unless the environment says otherwise (NCCL_NVLS_ENABLE=0;
+// see the README). Fails when this build has no NCCL. Collective over every rank.
+int dist_select_device(Comm *c, const Config *cfg, Error *err);
+
+// Plans the buckets of m's gradient buffer (dist.bucket_mb) and, on the CUDA backend, creates the
+// NCCL communicator (dist.reduce_dtype, dist.timeout_s), the communication stream and its events;
+// installs itself as m->grads_ready. Collective over every rank.
+int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg, Error *err);
+void grad_reducer_destroy(GradReducer *r);
+int grad_reducer_num_buckets(const GradReducer *r);
+
+// After model_backward: reduces any bucket backward did not report, and orders the compute queue
+// after every reduction of this step (the optimizer may read the gradients next). Returns the
+// first error of the step's reductions; then looks once for an asynchronous NCCL error.
+int grad_reducer_finish_step(GradReducer *r, Error *err);
+// Host waits, bounded by dist.timeout_s. grad_reducer_sync: every reduction queued so far has
+// run (before reading anything back from the device). grad_reducer_sync_previous: those of the
+// step before the last one have run: enough before a host wait on a batch upload (which waits
+// for the compute of two steps ago), and the host may still queue a step ahead of the GPU. Both
+// return at once on the CPU.
+int grad_reducer_sync(GradReducer *r, Error *err);
+int grad_reducer_sync_previous(GradReducer *r, Error *err);
+
+#ifdef __cplusplus
+}
+#endif
