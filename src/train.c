@@ -20,7 +20,9 @@
 #include "optim/schedule.h"
 #include "src/checkpoint.h"
 #include "src/import.h"
+#include "src/metrics.h"
 #include "src/model.h"
+#include "src/runlock.h"
 
 // The one piece of process-wide state: a signal handler can only talk to the loop through a
 // flag. Set by SIGINT/SIGTERM, read once per step.
@@ -38,6 +40,9 @@ void train_install_signal_handlers(void) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  // Past a file size limit (ulimit -f) a write would kill the process with SIGXFSZ; ignored, it
+  // fails with EFBIG instead, and the run stops with a message naming the file.
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 typedef struct {
@@ -51,7 +56,8 @@ typedef struct {
   TrainState state;
   LrSchedule schedule;
   int64_t steps_per_epoch, total_steps;
-  FILE *metrics;  // run_dir/metrics.jsonl
+  MetricsLog metrics;  // run_dir/metrics.jsonl
+  RunLock lock;        // held from setup to teardown: one run per run_dir
 } Trainer;
 
 // ---------------------------------------------------------------------------------------------
@@ -110,13 +116,7 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
 // Setup
 
 static int open_metrics(Trainer *t, Error *err) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg->run_dir);
-  t->metrics = fopen(path, "a");
-  if (!t->metrics)
-    return error_set(err, "cannot open '%s' for appending: %s\nHINT: check run_dir", path,
-                     strerror(errno));
-  return 0;
+  return metrics_open(&t->metrics, t->cfg->run_dir, stdout, err);
 }
 
 static int make_run_dir(const char *dir, Error *err) {
@@ -173,7 +173,15 @@ static int resume_from(Trainer *t, Error *err) {
 
 static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   memset(t, 0, sizeof *t);
+  t->lock.fd = -1;
   t->cfg = cfg;
+  // The run directory comes first: a second run on it fails at once, before any data is read,
+  // and files an interrupted save left behind are only removed under the lock.
+  if (make_run_dir(cfg->run_dir, err) != 0) return -1;
+  if (runlock_acquire(&t->lock, cfg->run_dir, err) != 0) return -1;
+  int stale = checkpoint_remove_stale_temps(cfg->run_dir, err);
+  if (stale < 0) return -1;
+  if (stale > 0) printf("removed %d partial checkpoint file(s) of an interrupted save\n", stale);
   for (int c = 0; c < cfg->in_chans; c++) {
     t->mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
     t->std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
@@ -202,7 +210,6 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   t->dlogits = malloc_check(sizeof(float) * (size_t)cfg->batch_size * (size_t)cfg->num_classes);
   t->state = (TrainState){.seed = cfg->seed, .loss_scale = 1.0};
 
-  if (make_run_dir(cfg->run_dir, err) != 0) return -1;
   if (resume_from(t, err) != 0) return -1;
   if (t->state.seed != cfg->seed)
     return error_set(err,
@@ -247,7 +254,8 @@ static void trainer_teardown(Trainer *t) {
   if (t->loader) loader_destroy(t->loader);
   if (t->train_set) dataset_close(t->train_set);
   if (t->val_set) dataset_close(t->val_set);
-  if (t->metrics) fclose(t->metrics);
+  metrics_close(&t->metrics);
+  runlock_release(&t->lock);
   free(t->exp_avg);
   free(t->exp_avg_sq);
   free(t->dlogits);
@@ -310,7 +318,10 @@ static int save_checkpoint(Trainer *t, Error *err) {
   char path[1024];
   if (checkpoint_save(t->cfg->run_dir, &t->model, t->exp_avg, t->exp_avg_sq, &t->state,
                       t->cfg->ckpt_keep, path, sizeof path, err) != 0)
-    return -1;
+    return error_prefix(err,
+                        "checkpoint of step %lld failed; the earlier checkpoints in run_dir "
+                        "are untouched and resume=auto continues from the newest:\n",
+                        (long long)t->state.step);
   printf("checkpoint: %s\n", path);
   fflush(stdout);
   return 0;
@@ -322,13 +333,12 @@ static int run_eval(Trainer *t, EvalResult *r, Error *err) {
   printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %.1fs)\n",
          (long long)t->state.step, r->top1, r->top5, r->loss, (long long)r->count,
          time_now_s() - t0);
-  fprintf(t->metrics,
-          "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
-          "\"eval_loss\": %.6f}\n",
-          (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5, r->loss);
-  fflush(t->metrics);
   fflush(stdout);
-  return 0;
+  return metrics_write(&t->metrics, err,
+                       "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": "
+                       "%.4f, \"eval_loss\": %.6f}",
+                       (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5,
+                       r->loss);
 }
 
 int train_run(const Config *cfg, Error *err) {
@@ -373,14 +383,13 @@ int train_run(const Config *cfg, Error *err) {
       printf("epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  eta %s\n",
              (long long)(epoch_end ? t.state.epoch : t.state.epoch + 1), (long long)step,
              (long long)t.total_steps, loss_window / steps_window, r.lr, r.grad_norm, img_s, eta_s);
-      fprintf(
-          t.metrics,
-          "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-          "\"img_per_s\": %.1f}\n",
-          (long long)step, (long long)t.state.epoch, loss_window / steps_window, r.lr, r.grad_norm,
-          img_s);
-      fflush(t.metrics);
       fflush(stdout);
+      if (metrics_write(&t.metrics, err,
+                        "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, "
+                        "\"grad_norm\": %.6f, \"img_per_s\": %.1f}",
+                        (long long)step, (long long)t.state.epoch, loss_window / steps_window, r.lr,
+                        r.grad_norm, img_s) != 0)
+        goto done;
       t_window = now;
       loss_window = 0;
       steps_window = 0;
