@@ -189,12 +189,14 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
   if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
   if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
-  if (dataset_num_classes(t->train_set) > cfg->num_classes)
-    return error_set(err,
-                     "the dataset has %d classes but model.num_classes is %d\n"
-                     "HINT: set model.num_classes=%d",
-                     dataset_num_classes(t->train_set), cfg->num_classes,
-                     dataset_num_classes(t->train_set));
+  if (dataset_num_classes(t->train_set) > cfg->num_classes) {
+    error_set(err,
+              "the dataset has %d classes but model.num_classes is %d\n"
+              "HINT: set model.num_classes=%d",
+              dataset_num_classes(t->train_set), cfg->num_classes,
+              dataset_num_classes(t->train_set));
+    return config_error_where(cfg, err);
+  }
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
 
   int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : cfg->batch_size;
@@ -227,13 +229,16 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
                        .world = 1,
                        .start_epoch = t->state.epoch,
                        .start_batch = t->state.batch};
-  if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return -1;
+  // Its errors are about batch_size against the split's size (train_limit), workers, prefetch.
+  if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return config_error_where(cfg, err);
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
-  if (t->steps_per_epoch < 1)
-    return error_set(err,
-                     "the training split has %lld images, fewer than one batch of %d\n"
-                     "HINT: lower train.batch_size",
-                     (long long)dataset_size(t->train_set), cfg->batch_size);
+  if (t->steps_per_epoch < 1) {
+    error_set(err,
+              "the training split has %lld images, fewer than one batch of %d\n"
+              "HINT: lower train.batch_size",
+              (long long)dataset_size(t->train_set), cfg->batch_size);
+    return config_error_where(cfg, err);
+  }
   t->total_steps = cfg->max_steps > 0 ? cfg->max_steps : (int64_t)cfg->epochs * t->steps_per_epoch;
   // The official recipe scales all three rates linearly with the total batch.
   double scale = cfg->lr_scale_batch > 0 ? (double)cfg->batch_size / cfg->lr_scale_batch : 1.0;
