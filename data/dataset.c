@@ -8,6 +8,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -17,10 +19,17 @@
 #include "data/transform.h"
 #include "src/rng.h"
 
+// Only the decoders of the formats ImageFolder lists (.jpg, .jpeg, .png): a file with such a
+// name that holds something else (a BMP, a PSD) is refused, and less decoder code sees files.
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
 #define STB_IMAGE_IMPLEMENTATION
 #include "stb_image.h"
 
 #define PATH_BYTES 4096
+// Larger images are refused before decoding: a corrupt or hostile header could otherwise ask
+// for gigabytes (64 Mpixel RGBA is 256 MB, far beyond any training image).
+#define IMAGE_MAX_PIXELS ((int64_t)1 << 26)
 
 typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER } DatasetKind;
 
@@ -40,6 +49,13 @@ struct Dataset {
   // ImageFolder: sorted file list.
   char **paths;   // (n) image files
   int *class_of;  // (n) labels
+
+  // data.skip_bad: files found not to decode are flagged (so each is named once and not decoded
+  // again) and counted. Loader workers share the dataset, hence the lock.
+  bool skip_bad;
+  uint8_t *known_bad;  // (n) 1 = does not decode
+  int64_t bad_count;
+  pthread_mutex_t *bad_lock;
 };
 
 static const char *HINT_PATH_EXAMPLE =
@@ -210,10 +226,11 @@ static int open_fashion_mnist(Dataset *ds, const Config *cfg, const char *split,
   snprintf(image_name, sizeof image_name, "%s-images-idx3-ubyte", prefix);
   snprintf(label_name, sizeof label_name, "%s-labels-idx1-ubyte", prefix);
   if (cfg->in_chans != 1 && cfg->in_chans != 3) {
-    return error_set(err,
-                     "model.in_chans = %d, but Fashion-MNIST images are grayscale\n"
-                     "HINT: set model.in_chans=1 (or 3 to replicate the gray channel)",
-                     cfg->in_chans);
+    error_set(err,
+              "model.in_chans = %d, but Fashion-MNIST images are grayscale\n"
+              "HINT: set model.in_chans=1 (or 3 to replicate the gray channel)",
+              cfg->in_chans);
+    return config_error_where(cfg, err);
   }
   size_t image_size = 0, label_size = 0;
   ds->image_file = read_idx_file(cfg->path, image_name, image_path, &image_size, err);
@@ -363,10 +380,11 @@ static int check_classes_match(const char *root, const NameList *val, Error *err
 
 static int open_imagefolder(Dataset *ds, const Config *cfg, const char *split, Error *err) {
   if (cfg->in_chans < 1 || cfg->in_chans > 4) {
-    return error_set(err,
-                     "model.in_chans = %d, but images decode to 1 (gray), 2 (gray+alpha), 3 (RGB) "
-                     "or 4 (RGBA) channels\nHINT: set model.in_chans=3",
-                     cfg->in_chans);
+    error_set(err,
+              "model.in_chans = %d, but images decode to 1 (gray), 2 (gray+alpha), 3 (RGB) "
+              "or 4 (RGBA) channels\nHINT: set model.in_chans=3",
+              cfg->in_chans);
+    return config_error_where(cfg, err);
   }
   char split_dir[PATH_BYTES];
   if (join_path(split_dir, cfg->path, split, err)) return -1;
@@ -473,11 +491,12 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   if (!(cfg->scale_min > 0 && cfg->scale_min <= cfg->scale_max) ||
       !(cfg->ratio_min > 0 && cfg->ratio_min <= cfg->ratio_max) ||
       !(cfg->crop_pct > 0 && cfg->crop_pct <= 1)) {
-    return error_set(err,
-                     "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
-                     "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
-                     "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
-                     cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
+    error_set(err,
+              "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
+              "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
+              "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
+              cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
+    return config_error_where(cfg, err);
   }
   Dataset *ds = calloc_check(1, sizeof *ds);
   ds->transform = (TransformParams){.out_h = cfg->img_h,
@@ -503,6 +522,12 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   if (rc == 0 && ds->n == 0) {
     rc = error_set(err, "%s: the split is empty", ds->describe);
   }
+  if (rc == 0 && ds->kind == DATASET_IMAGEFOLDER && cfg->skip_bad) {
+    ds->skip_bad = true;
+    ds->known_bad = calloc_check((size_t)ds->n, 1);
+    ds->bad_lock = malloc_check(sizeof *ds->bad_lock);
+    pthread_mutex_init(ds->bad_lock, NULL);
+  }
   if (rc != 0) {
     dataset_close(ds);
     return -1;
@@ -520,7 +545,20 @@ void dataset_close(Dataset *ds) {
     free(ds->paths);
   }
   free(ds->class_of);
+  free(ds->known_bad);
+  if (ds->bad_lock) {
+    pthread_mutex_destroy(ds->bad_lock);
+    free(ds->bad_lock);
+  }
   free(ds);
+}
+
+int64_t dataset_bad_count(const Dataset *ds) {
+  if (!ds->bad_lock) return 0;
+  pthread_mutex_lock(ds->bad_lock);
+  int64_t count = ds->bad_count;
+  pthread_mutex_unlock(ds->bad_lock);
+  return count;
 }
 
 int64_t dataset_size(const Dataset *ds) {
@@ -547,6 +585,87 @@ static void replicate_gray(uint8_t *img, int64_t pixels, int chans) {
   }
 }
 
+// Decodes sample i's file to (h, w, transform.chans) pixels; NULL with why (a buffer of
+// why_size) when it cannot be read or decoded, or is too large.
+static uint8_t *decode_image(const Dataset *ds, int64_t i, int *h, int *w, char *why,
+                             size_t why_size) {
+  Error read_err;
+  size_t size = 0;
+  uint8_t *file = read_file(ds->paths[i], &size, &read_err);
+  if (!file) {
+    snprintf(why, why_size, "%.*s", (int)why_size - 1, read_err.msg);
+    return NULL;
+  }
+  uint8_t *img = NULL;
+  int file_chans = 0;
+  if (size > INT_MAX) {
+    snprintf(why, why_size, "the file is %zu bytes, over the decoder's 2 GB limit", size);
+  } else if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {
+    const char *reason = stbi_failure_reason();
+    snprintf(why, why_size, "%s", reason ? reason : "not a JPEG or PNG image");
+  } else if ((int64_t)*w * *h > IMAGE_MAX_PIXELS) {
+    snprintf(why, why_size, "the image is %dx%d, over the limit of %lld pixels", *w, *h,
+             (long long)IMAGE_MAX_PIXELS);
+  } else {
+    // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channels.
+    img = stbi_load_from_memory(file, (int)size, w, h, &file_chans, ds->transform.chans);
+    const char *reason = img ? NULL : stbi_failure_reason();
+    if (!img) snprintf(why, why_size, "%s", reason ? reason : "unknown reason");
+  }
+  free(file);
+  return img;
+}
+
+static bool is_known_bad(const Dataset *ds, int64_t i) {
+  pthread_mutex_lock(ds->bad_lock);
+  bool bad = ds->known_bad[i];
+  pthread_mutex_unlock(ds->bad_lock);
+  return bad;
+}
+
+// Flags sample i as bad; the first time, names it in the log (stderr) with the running count.
+static void note_bad(const Dataset *ds, int64_t i, const char *why) {
+  Dataset *mutable = (Dataset *)ds;  // the flags are a cache of facts about the files
+  pthread_mutex_lock(ds->bad_lock);
+  if (!ds->known_bad[i]) {
+    mutable->known_bad[i] = 1;
+    mutable->bad_count++;
+    fprintf(stderr,
+            "warning: data.skip_bad: skipping '%s' (sample %lld), which does not decode: %s "
+            "(bad images so far: %lld)\n",
+            ds->paths[i], (long long)i, why, (long long)ds->bad_count);
+  }
+  pthread_mutex_unlock(ds->bad_lock);
+}
+
+// Decodes sample i. Without skip_bad a failure is an error naming the file; with it, a bad
+// sample is replaced by the next one in split order (i+1, i+2, ..., wrapping) that decodes, so
+// the replacement depends only on the files, never on threads or timing. *source gets the
+// sample used.
+static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uint8_t **img, int *h,
+                              int *w, Error *err) {
+  char why[512];
+  for (int64_t tries = 0, j = i; tries < ds->n; tries++, j = (j + 1) % ds->n) {
+    if (ds->skip_bad && is_known_bad(ds, j)) continue;
+    *img = decode_image(ds, j, h, w, why, sizeof why);
+    if (*img) {
+      *source = j;
+      return 0;
+    }
+    if (!ds->skip_bad)
+      return error_set(err,
+                       "cannot decode image '%s' (sample %lld of %s): %s\n"
+                       "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it, or "
+                       "set data.skip_bad=true to skip such files",
+                       ds->paths[j], (long long)j, ds->describe, why);
+    note_bad(ds, j, why);
+  }
+  return error_set(err,
+                   "data.skip_bad: no image of %s decodes (the last failure: %s)\n"
+                   "HINT: check data.path and the files",
+                   ds->describe, why);
+}
+
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err) {
   if (i < 0 || i >= ds->n) {
@@ -568,21 +687,16 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     *label = ds->labels[i];
     return 0;
   }
-  int w = 0, h = 0, file_chans = 0;
-  // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channel count.
-  uint8_t *img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
-  if (!img) {
-    const char *why = stbi_failure_reason();
-    return error_set(err,
-                     "cannot decode image '%s' (sample %lld of %s): %s\n"
-                     "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it",
-                     ds->paths[i], (long long)i, ds->describe, why ? why : "unknown reason");
-  }
+  int64_t source = i;  // the sample whose image is used: i, or its replacement under skip_bad
+  int w = 0, h = 0;
+  uint8_t *img = NULL;
+  if (load_image_or_next(ds, i, &source, &img, &h, &w, err) != 0) return -1;
+  // The augmentation draws stay keyed by i, so a replaced sample is as deterministic as any.
   if (train)
     transform_train(&ds->transform, img, h, w, &rng, pixels);
   else
     transform_eval(&ds->transform, img, h, w, pixels);
   stbi_image_free(img);
-  *label = ds->class_of[i];
+  *label = ds->class_of[source];
   return 0;
 }
