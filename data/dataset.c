@@ -15,21 +15,13 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "data/image.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "src/rng.h"
-
-// Only the decoders of the formats ImageFolder lists (.jpg, .jpeg, .png): a file with such a
-// name that holds something else (a BMP, a PSD) is refused, and less decoder code sees files.
-#define STBI_ONLY_JPEG
-#define STBI_ONLY_PNG
-#define STB_IMAGE_IMPLEMENTATION
-#include "stb_image.h"
+#include "stb_image.h"  // its zlib decoder inflates gzip; data/image.c compiles the implementation
 
 #define PATH_BYTES 4096
-// Larger images are refused before decoding: a corrupt or hostile header could otherwise ask
-// for gigabytes (64 Mpixel RGBA is 256 MB, far beyond any training image).
-#define IMAGE_MAX_PIXELS ((int64_t)1 << 26)
 
 typedef enum { DATASET_FASHION_MNIST, DATASET_IMAGEFOLDER } DatasetKind;
 
@@ -596,22 +588,7 @@ static uint8_t *decode_image(const Dataset *ds, int64_t i, int *h, int *w, char 
     snprintf(why, why_size, "%.*s", (int)why_size - 1, read_err.msg);
     return NULL;
   }
-  uint8_t *img = NULL;
-  int file_chans = 0;
-  if (size > INT_MAX) {
-    snprintf(why, why_size, "the file is %zu bytes, over the decoder's 2 GB limit", size);
-  } else if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {
-    const char *reason = stbi_failure_reason();
-    snprintf(why, why_size, "%s", reason ? reason : "not a JPEG or PNG image");
-  } else if ((int64_t)*w * *h > IMAGE_MAX_PIXELS) {
-    snprintf(why, why_size, "the image is %dx%d, over the limit of %lld pixels", *w, *h,
-             (long long)IMAGE_MAX_PIXELS);
-  } else {
-    // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channels.
-    img = stbi_load_from_memory(file, (int)size, w, h, &file_chans, ds->transform.chans);
-    const char *reason = img ? NULL : stbi_failure_reason();
-    if (!img) snprintf(why, why_size, "%s", reason ? reason : "unknown reason");
-  }
+  uint8_t *img = image_decode(file, size, ds->transform.chans, h, w, why, why_size);
   free(file);
   return img;
 }
@@ -696,7 +673,7 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     transform_train(&ds->transform, img, h, w, &rng, pixels);
   else
     transform_eval(&ds->transform, img, h, w, pixels);
-  stbi_image_free(img);
+  image_free(img);
   *label = ds->class_of[source];
   return 0;
 }
