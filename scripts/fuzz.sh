@@ -53,7 +53,7 @@ for h in "${harnesses[@]}"; do
     -artifact_prefix="$build/fuzz-findings/$h-" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
-  cov=$(grep -E '#[0-9]+ +DONE' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+')
+  cov=$(grep -E '#[0-9]+[[:space:]]+DONE' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+')
   if [ $rc -eq 0 ]; then
     echo "fuzz: $h: ${runs:-?} runs in ${seconds}s, ${cov:-no coverage line}, no finding"
   else

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what swin.c needs to build, test and run its default job, from Debian's packages:
-# a C compiler, CMake, Ninja, stb_image (libstb-dev) and Fashion-MNIST (dataset-fashion-mnist).
+# a C compiler, CMake, Ninja, stb_image (libstb-dev) and Fashion-MNIST (dataset-fashion-mnist);
+# for the fuzz build of scripts/test.sh, clang with its sanitizer and libFuzzer runtimes
+# (libclang-rt-14-dev) and OpenMP (libomp-dev).
 # The CUDA toolkit, when present in /usr/local/cuda, is picked up by the build; it is not installed here.
 set -euo pipefail
-packages=(gcc cmake ninja-build libstb-dev dataset-fashion-mnist python3)
+packages=(gcc cmake ninja-build libstb-dev dataset-fashion-mnist python3
+  clang libclang-rt-14-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
