@@ -621,7 +621,7 @@ static void note_bad(const Dataset *ds, int64_t i, const char *why) {
 // sample used.
 static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uint8_t **img, int *h,
                               int *w, Error *err) {
-  char why[512];
+  char why[512] = "each was found not to decode before";
   for (int64_t tries = 0, j = i; tries < ds->n; tries++, j = (j + 1) % ds->n) {
     if (ds->skip_bad && is_known_bad(ds, j)) continue;
     *img = decode_image(ds, j, h, w, why, sizeof why);
@@ -638,7 +638,7 @@ static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uin
     note_bad(ds, j, why);
   }
   return error_set(err,
-                   "data.skip_bad: no image of %s decodes (the last failure: %s)\n"
+                   "data.skip_bad: no image of %s decodes (last reason: %s)\n"
                    "HINT: check data.path and the files",
                    ds->describe, why);
 }

@@ -72,7 +72,7 @@ int checkpoint_list(const char *dir, char ***paths) {
     count++;
   }
   closedir(d);
-  qsort(list, (size_t)count, sizeof(Listed), newest_first);
+  if (count > 1) qsort(list, (size_t)count, sizeof(Listed), newest_first);  // list may be NULL
   *paths = malloc_check(sizeof(char *) * (size_t)(count ? count : 1));
   for (int i = 0; i < count; i++) (*paths)[i] = list[i].path;
   free(list);

@@ -1197,6 +1197,9 @@ static void test_skip_bad(void) {
   if (dataset_open(&ds, &cfg, "train", &err) == 0) {
     check_error(dataset_load_sample(ds, 0, true, 1, 0, px, &label, &err), &err,
                 "skip_bad with no decodable image", "no image of", "decodes");
+    check_error(dataset_load_sample(ds, 0, true, 1, 1, px, &label, &err), &err,
+                "skip_bad with no decodable image, asked again", "no image of",
+                "found not to decode before");
     dataset_close(ds);
   }
 }

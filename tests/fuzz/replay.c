@@ -57,7 +57,7 @@ static int run_dir(const char *dir) {
     strcpy(names[count++], path);
   }
   closedir(d);
-  qsort(names, (size_t)count, sizeof *names, compare_names);
+  if (count > 1) qsort(names, (size_t)count, sizeof *names, compare_names);  // names may be NULL
   int rc = 0;
   for (int i = 0; i < count; i++) {
     if (rc == 0 && run_file(names[i]) != 0) rc = -1;
