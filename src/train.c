@@ -252,7 +252,9 @@ static int trainer_setup(Trainer *t, const Config *cfg, Error *err) {
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
          (long long)t->schedule.warmup_steps, t->schedule.min_lr);
-  return open_metrics(t, err);
+  int rc = open_metrics(t, err);
+  fflush(stdout);  // the setup log (what was resumed from) survives a kill in the first steps
+  return rc;
 }
 
 static void trainer_teardown(Trainer *t) {

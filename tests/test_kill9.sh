@@ -158,7 +158,6 @@ else
 fi
 bad_lines=$(grep -cv '^{.*}$' "$tmp/killed/run/metrics.jsonl")
 [ "$bad_lines" -eq 0 ] || fail "metrics.jsonl has $bad_lines lines that are not whole JSON records"
-[ "$resumes" -ge $((kills / 2)) ] || fail "only $resumes resumes for $kills kills"
 echo "seed $seed (SWIN_KILL9_SEED reruns the same kill times)"
 if [ $failures -eq 0 ]; then
   echo "1 passed, 0 failed"
