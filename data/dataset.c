@@ -9,19 +9,20 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
 #include "data/batch_augment.h"
+#include "data/image.h"
 #include "data/loader.h"
 #include "data/shards.h"
 #include "data/transform.h"
 #include "src/rng.h"
-
-#define STB_IMAGE_IMPLEMENTATION
-#include "stb_image.h"
+#include "stb_image.h"  // its zlib decoder inflates gzip; data/image.c compiles the implementation
 
 #define PATH_BYTES 4096
 
@@ -55,6 +56,12 @@ struct Dataset {
   // Shards: the tar index, and the shuffle buffer of training streams.
   ShardSet shards;
   int64_t shuffle_buffer;
+  // data.skip_bad: files found not to decode are flagged (so each is named once and not decoded
+  // again) and counted. Loader workers share the dataset, hence the lock.
+  bool skip_bad;
+  uint8_t *known_bad;  // (n) 1 = does not decode
+  int64_t bad_count;
+  pthread_mutex_t *bad_lock;
 };
 
 static const char *HINT_PATH_EXAMPLE =
@@ -225,10 +232,11 @@ static int open_fashion_mnist(Dataset *ds, const Config *cfg, const char *split,
   snprintf(image_name, sizeof image_name, "%s-images-idx3-ubyte", prefix);
   snprintf(label_name, sizeof label_name, "%s-labels-idx1-ubyte", prefix);
   if (cfg->in_chans != 1 && cfg->in_chans != 3) {
-    return error_set(err,
-                     "model.in_chans = %d, but Fashion-MNIST images are grayscale\n"
-                     "HINT: set model.in_chans=1 (or 3 to replicate the gray channel)",
-                     cfg->in_chans);
+    error_set(err,
+              "model.in_chans = %d, but Fashion-MNIST images are grayscale\n"
+              "HINT: set model.in_chans=1 (or 3 to replicate the gray channel)",
+              cfg->in_chans);
+    return config_error_where(cfg, err);
   }
   size_t image_size = 0, label_size = 0;
   ds->image_file = read_idx_file(cfg->path, image_name, image_path, &image_size, err);
@@ -378,10 +386,11 @@ static int check_classes_match(const char *root, const NameList *val, Error *err
 
 static int open_imagefolder(Dataset *ds, const Config *cfg, const char *split, Error *err) {
   if (cfg->in_chans < 1 || cfg->in_chans > 4) {
-    return error_set(err,
-                     "model.in_chans = %d, but images decode to 1 (gray), 2 (gray+alpha), 3 (RGB) "
-                     "or 4 (RGBA) channels\nHINT: set model.in_chans=3",
-                     cfg->in_chans);
+    error_set(err,
+              "model.in_chans = %d, but images decode to 1 (gray), 2 (gray+alpha), 3 (RGB) "
+              "or 4 (RGBA) channels\nHINT: set model.in_chans=3",
+              cfg->in_chans);
+    return config_error_where(cfg, err);
   }
   char split_dir[PATH_BYTES];
   if (join_path(split_dir, cfg->path, split, err)) return -1;
@@ -556,11 +565,12 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   if (!(cfg->scale_min > 0 && cfg->scale_min <= cfg->scale_max) ||
       !(cfg->ratio_min > 0 && cfg->ratio_min <= cfg->ratio_max) ||
       !(cfg->crop_pct > 0 && cfg->crop_pct <= 1)) {
-    return error_set(err,
-                     "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
-                     "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
-                     "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
-                     cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
+    error_set(err,
+              "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
+              "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
+              "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
+              cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
+    return config_error_where(cfg, err);
   }
   RandAugmentPolicy randaugment;
   if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
@@ -604,6 +614,12 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
   if (rc == 0 && ds->n == 0) {
     rc = error_set(err, "%s: the split is empty", ds->describe);
   }
+  if (rc == 0 && (ds->kind == DATASET_IMAGEFOLDER || ds->kind == DATASET_SHARDS) && cfg->skip_bad) {
+    ds->skip_bad = true;
+    ds->known_bad = calloc_check((size_t)ds->n, 1);
+    ds->bad_lock = malloc_check(sizeof *ds->bad_lock);
+    pthread_mutex_init(ds->bad_lock, NULL);
+  }
   if (rc != 0) {
     dataset_close(ds);
     return -1;
@@ -622,7 +638,20 @@ void dataset_close(Dataset *ds) {
   }
   free(ds->class_of);
   shards_close(&ds->shards);
+  free(ds->known_bad);
+  if (ds->bad_lock) {
+    pthread_mutex_destroy(ds->bad_lock);
+    free(ds->bad_lock);
+  }
   free(ds);
+}
+
+int64_t dataset_bad_count(const Dataset *ds) {
+  if (!ds->bad_lock) return 0;
+  pthread_mutex_lock(ds->bad_lock);
+  int64_t count = ds->bad_count;
+  pthread_mutex_unlock(ds->bad_lock);
+  return count;
 }
 
 int64_t dataset_size(const Dataset *ds) {
@@ -647,6 +676,87 @@ static void replicate_gray(uint8_t *img, int64_t pixels, int chans) {
     uint8_t g = img[i];
     for (int c = 0; c < chans; c++) img[i * chans + c] = g;
   }
+}
+
+// Decodes sample i's file to (h, w, transform.chans) pixels; NULL with why (a buffer of
+// why_size) when it cannot be read or decoded, or is too large.
+// Where sample i's image lives, for messages: its file, or its shard and offset.
+static void sample_where(const Dataset *ds, int64_t i, char *buf, size_t size) {
+  if (ds->kind == DATASET_SHARDS)
+    snprintf(buf, size, "%s, bytes %lld..", ds->shards.paths[ds->shards.shard[i]],
+             (long long)ds->shards.offset[i]);
+  else
+    snprintf(buf, size, "%s", ds->paths[i]);
+}
+
+static uint8_t *decode_image(const Dataset *ds, int64_t i, int *h, int *w, char *why,
+                             size_t why_size) {
+  Error read_err;
+  size_t size = 0;
+  uint8_t *file = ds->kind == DATASET_SHARDS ? shards_read(&ds->shards, i, &size, &read_err)
+                                             : read_file(ds->paths[i], &size, &read_err);
+  if (!file) {
+    snprintf(why, why_size, "%.*s", (int)why_size - 1, read_err.msg);
+    return NULL;
+  }
+  uint8_t *img = image_decode(file, size, ds->transform.chans, h, w, why, why_size);
+  free(file);
+  return img;
+}
+
+static bool is_known_bad(const Dataset *ds, int64_t i) {
+  pthread_mutex_lock(ds->bad_lock);
+  bool bad = ds->known_bad[i];
+  pthread_mutex_unlock(ds->bad_lock);
+  return bad;
+}
+
+// Flags sample i as bad; the first time, names it in the log (stderr) with the running count.
+static void note_bad(const Dataset *ds, int64_t i, const char *why) {
+  Dataset *mutable = (Dataset *)ds;  // the flags are a cache of facts about the files
+  pthread_mutex_lock(ds->bad_lock);
+  if (!ds->known_bad[i]) {
+    mutable->known_bad[i] = 1;
+    mutable->bad_count++;
+    char where[PATH_BYTES + 64];
+    sample_where(ds, i, where, sizeof where);
+    fprintf(stderr,
+            "warning: data.skip_bad: skipping '%s' (sample %lld), which does not decode: %s "
+            "(bad images so far: %lld)\n",
+            where, (long long)i, why, (long long)ds->bad_count);
+  }
+  pthread_mutex_unlock(ds->bad_lock);
+}
+
+// Decodes sample i. Without skip_bad a failure is an error naming the file; with it, a bad
+// sample is replaced by the next one in split order (i+1, i+2, ..., wrapping) that decodes, so
+// the replacement depends only on the files, never on threads or timing. *source gets the
+// sample used.
+static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uint8_t **img, int *h,
+                              int *w, Error *err) {
+  char why[512] = "each was found not to decode before";
+  for (int64_t tries = 0, j = i; tries < ds->n; tries++, j = (j + 1) % ds->n) {
+    if (ds->skip_bad && is_known_bad(ds, j)) continue;
+    *img = decode_image(ds, j, h, w, why, sizeof why);
+    if (*img) {
+      *source = j;
+      return 0;
+    }
+    if (!ds->skip_bad) {
+      char where[PATH_BYTES + 64];
+      sample_where(ds, j, where, sizeof where);
+      return error_set(err,
+                       "cannot decode image '%s' (sample %lld of %s): %s\n"
+                       "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it, or "
+                       "set data.skip_bad=true to skip such files",
+                       where, (long long)j, ds->describe, why);
+    }
+    note_bad(ds, j, why);
+  }
+  return error_set(err,
+                   "data.skip_bad: no image of %s decodes (last reason: %s)\n"
+                   "HINT: check data.path and the files",
+                   ds->describe, why);
 }
 
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
@@ -676,36 +786,18 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
     *label = ds->labels[i];
     return 0;
   }
-  int w = 0, h = 0, file_chans = 0;
-  // stb converts whatever the file holds (gray, RGB, RGBA, ...) to the requested channel count.
+  int64_t source = i;  // the sample whose image is used: i, or its replacement under skip_bad
+  int w = 0, h = 0;
   uint8_t *img = NULL;
-  char where[PATH_BYTES + 64];
-  if (ds->kind == DATASET_SHARDS) {
-    size_t size = 0;
-    uint8_t *bytes = shards_read(&ds->shards, i, &size, err);
-    if (!bytes) return -1;
-    img = stbi_load_from_memory(bytes, (int)size, &w, &h, &file_chans, ds->transform.chans);
-    free(bytes);
-    snprintf(where, sizeof where, "%s, bytes %lld..", ds->shards.paths[ds->shards.shard[i]],
-             (long long)ds->shards.offset[i]);
-  } else {
-    img = stbi_load(ds->paths[i], &w, &h, &file_chans, ds->transform.chans);
-    snprintf(where, sizeof where, "%s", ds->paths[i]);
-  }
-  if (!img) {
-    const char *why = stbi_failure_reason();
-    return error_set(err,
-                     "cannot decode image '%s' (sample %lld of %s): %s\n"
-                     "HINT: the file is corrupt or not a JPEG/PNG; remove or replace it",
-                     where, (long long)i, ds->describe, why ? why : "unknown reason");
-  }
+  if (load_image_or_next(ds, i, &source, &img, &h, &w, err) != 0) return -1;
+  // The augmentation draws stay keyed by i, so a replaced sample is as deterministic as any.
   if (train) {
     transform_train(&ds->transform, img, h, w, &rng, pixels);
     transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
   } else {
     transform_eval(&ds->transform, img, h, w, pixels);
   }
-  stbi_image_free(img);
-  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[i] : ds->class_of[i];
+  image_free(img);
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
   return 0;
 }

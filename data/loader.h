@@ -31,6 +31,7 @@ void dataset_close(Dataset *ds);
 int64_t dataset_size(const Dataset *ds);
 int dataset_num_classes(const Dataset *ds);
 const char *dataset_describe(const Dataset *ds);  // "fashion-mnist train: 60000 images, 10 classes"
+int64_t dataset_bad_count(const Dataset *ds);     // data.skip_bad: distinct bad files met so far
 
 // Tar shards are read as streams (data/shards.h): training batches of rank r come from r's own
 // shards through a shuffle buffer, not from a global permutation. For such a dataset
@@ -42,7 +43,10 @@ void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int r
                           int64_t *order);
 
 // Loads sample i into pixels (img_h, img_w, in_chans) with the train or eval transform.
-// train draws come from (seed, epoch, i). Errors name the image file.
+// train draws come from (seed, epoch, i). Errors name the image file. With data.skip_bad an
+// ImageFolder image that does not decode (or is over 64 Mpixel) is replaced by the next sample
+// in split order that decodes, with that sample's label and i's augmentation draws; each bad
+// file is named on stderr once and counted.
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err);
 

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +30,12 @@ static int make_dir(const char *dir, Error *err) {
   return 0;
 }
 
-static bool parse_checkpoint_name(const char *name, int64_t *step) {
+// suffix: "" for a checkpoint, ".tmp" for the temp file a save writes first.
+static bool parse_checkpoint_name(const char *name, const char *suffix, int64_t *step) {
   long long s;
   int n = 0;
-  if (sscanf(name, "ckpt-%lld.safetensors%n", &s, &n) != 1 || name[n] != 0) return false;
+  if (sscanf(name, "ckpt-%lld.safetensors%n", &s, &n) != 1 || strcmp(name + n, suffix) != 0)
+    return false;
   *step = s;
   return true;
 }
@@ -56,7 +59,7 @@ int checkpoint_list(const char *dir, char ***paths) {
   struct dirent *e;
   while ((e = readdir(d))) {
     int64_t step;
-    if (!parse_checkpoint_name(e->d_name, &step)) continue;
+    if (!parse_checkpoint_name(e->d_name, "", &step)) continue;
     if (count == cap) {
       cap = cap ? 2 * cap : 16;
       list = realloc(list, sizeof(Listed) * (size_t)cap);
@@ -69,7 +72,7 @@ int checkpoint_list(const char *dir, char ***paths) {
     count++;
   }
   closedir(d);
-  qsort(list, (size_t)count, sizeof(Listed), newest_first);
+  if (count > 1) qsort(list, (size_t)count, sizeof(Listed), newest_first);  // list may be NULL
   *paths = malloc_check(sizeof(char *) * (size_t)(count ? count : 1));
   for (int i = 0; i < count; i++) (*paths)[i] = list[i].path;
   free(list);
@@ -81,12 +84,57 @@ void checkpoint_list_free(char **paths, int count) {
   free(paths);
 }
 
+int checkpoint_remove_stale_temps(const char *dir, Error *err) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int removed = 0, rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    int64_t step;
+    if (!parse_checkpoint_name(e->d_name, ".tmp", &step)) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (remove(path) == 0)
+      removed++;
+    else
+      rc = error_set(err,
+                     "cannot remove the partial checkpoint '%s' left by an interrupted save: %s\n"
+                     "HINT: check the permissions of run_dir",
+                     path, strerror(errno));
+  }
+  closedir(d);
+  return rc == 0 ? removed : -1;
+}
+
+// A checkpoint of NaN or infinite values would only be resumed from to fail again: refuse it,
+// naming the first bad tensor, before anything is written.
+static int check_finite_state(const Model *m, const float *exp_avg, const float *exp_avg_sq,
+                              const char *path, Error *err) {
+  const float *buffers[3] = {m->weights, exp_avg, exp_avg_sq};
+  const char *prefixes[3] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
+  for (int b = 0; b < 3; b++)
+    for (int i = 0; i < m->num_params; i++) {
+      const ParamInfo *p = &m->params[i];
+      const float *x = buffers[b] + p->offset;
+      int64_t bad = first_nonfinite(x, p->numel);
+      if (bad >= 0)
+        return error_set(err,
+                         "refusing to write checkpoint '%s': tensor '%s%s' holds %s (element "
+                         "%lld)\nHINT: the run diverged; lower train.lr or raise "
+                         "train.warmup_epochs, then resume=auto continues from the last "
+                         "checkpoint",
+                         path, prefixes[b], p->name, nonfinite_name(x[bad]), (long long)bad);
+    }
+  return 0;
+}
+
 int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
                     const TrainState *state, int keep, char *path_out, size_t path_size,
                     Error *err) {
-  if (make_dir(dir, err) != 0) return -1;
   char path[1024], value[64];
   snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", dir, (long long)state->step);
+  if (check_finite_state(m, exp_avg, exp_avg_sq, path, err) != 0) return -1;
+  if (make_dir(dir, err) != 0) return -1;
 
   SafeTensorWriter w;
   safetensors_writer_init(&w);
@@ -162,6 +210,28 @@ static int copy_tensor(const SafeTensors *st, const char *name, const ParamInfo 
     return error_set(err, "checkpoint '%s': tensor '%s' has the wrong dtype or shape", st->path,
                      name);
   memcpy(dst, safetensors_entry_data(st, e), sizeof(float) * (size_t)p->numel);
+  int64_t bad = first_nonfinite(dst, p->numel);
+  if (bad >= 0)
+    return error_set(err,
+                     "checkpoint '%s': tensor '%s' holds %s (element %lld)\n"
+                     "HINT: the run that wrote it had diverged; resume from an older checkpoint",
+                     st->path, name, nonfinite_name(dst[bad]), (long long)bad);
+  return 0;
+}
+
+// The second moments are sums of squares: a negative one would turn AdamW's sqrt into NaN.
+static int check_second_moments(const SafeTensors *st, const Model *m, const float *exp_avg_sq,
+                                Error *err) {
+  for (int i = 0; i < m->num_params; i++) {
+    const ParamInfo *p = &m->params[i];
+    for (int64_t k = 0; k < p->numel; k++)
+      if (exp_avg_sq[p->offset + k] < 0)
+        return error_set(err,
+                         "checkpoint '%s': tensor 'optim.exp_avg_sq.%s' holds a negative value "
+                         "(element %lld); second moments are never negative\n"
+                         "HINT: the file was not written by swin.c; resume from another one",
+                         st->path, p->name, (long long)k);
+  }
   return 0;
 }
 
@@ -203,8 +273,22 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
       meta_int(&st, "batch", &s.batch, err) || meta_int(&st, "seed", &seed, err))
     goto done;
   s.seed = (uint64_t)seed;
+  if (s.step < 0 || s.epoch < 0 || s.batch < 0) {
+    error_set(err, "checkpoint '%s': step %lld, epoch %lld, batch %lld: none may be negative", path,
+              (long long)s.step, (long long)s.epoch, (long long)s.batch);
+    goto done;
+  }
   const char *scale = safetensors_meta_get(&st, "loss_scale");
-  s.loss_scale = scale ? atof(scale) : 1.0;
+  s.loss_scale = 1.0;
+  if (scale) {
+    char *end;
+    s.loss_scale = strtod(scale, &end);
+    if (end == scale || *end || !isfinite(s.loss_scale) || s.loss_scale <= 0) {
+      error_set(err, "checkpoint '%s': bad loss_scale '%.64s' (a positive finite number)", path,
+                scale);
+      goto done;
+    }
+  }
   // Absent in checkpoints written before the GPU trainer: no skips, a fresh scaler.
   int64_t good = 0;
   if (safetensors_meta_get(&st, "loss_scale_good_steps") &&
@@ -233,6 +317,7 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
     snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
     if (copy_tensor(&st, name, p, eas + p->offset, err)) goto done;
   }
+  if (check_second_moments(&st, m, eas, err) != 0) goto done;
   if (st.count != 3 * m->num_params) {
     error_set(err, "checkpoint '%s' holds %d tensors, the model expects %d", path, st.count,
               3 * m->num_params);

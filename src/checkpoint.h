@@ -30,14 +30,21 @@ typedef struct {
 
 // Saves m's weights, the moments exp_avg / exp_avg_sq (num_floats each) and state into
 // dir/ckpt-<step>.safetensors, then deletes all but the newest `keep` checkpoints. path (if not
-// NULL) receives the file written.
+// NULL) receives the file written. A NaN or infinity in any tensor is refused, naming it, and
+// nothing is written; a failed write (disk full, file size limit, permissions) leaves the earlier
+// checkpoints as they were and names the file and the cause.
 int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
                     const TrainState *state, int keep, char *path, size_t path_size, Error *err);
 // Loads a checkpoint into m (whose config must describe the same model), the moments and state.
-// Nothing is modified unless the whole file is valid.
+// Nothing is modified unless the whole file is valid: checksum, config, every tensor's dtype and
+// shape, finite values, non-negative second moments, step and data position.
 int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq,
                     TrainState *state, Error *err);
 // Lists dir's checkpoints, newest first; returns how many (0 if none or no dir). Each entry is a
 // malloc'ed path; free with checkpoint_list_free.
 int checkpoint_list(const char *dir, char ***paths);
 void checkpoint_list_free(char **paths, int count);
+// Removes the temp files (ckpt-<step>.safetensors.tmp) that a save killed mid-write leaves in
+// dir; returns how many, or -1 with err. Only the process that holds dir's run lock may call it
+// (another one could be writing such a file).
+int checkpoint_remove_stale_temps(const char *dir, Error *err);

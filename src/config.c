@@ -259,6 +259,10 @@ static const ConfigKey config_keys[] = {
      SCALAR(train_limit), .range = AT_LEAST(0)},
     {"data.val_limit", KEY_INT, "0", "> 0: use only N validation images, chosen like train_limit",
      SCALAR(val_limit), .range = AT_LEAST(0)},
+    {"data.skip_bad", KEY_BOOL, "false",
+     "imagefolder: true replaces an image that does not decode by the next one in the split that "
+     "does (each bad file is named in the log and counted); false stops with its path",
+     SCALAR(skip_bad)},
 
     // [ckpt]
     {"ckpt.every", KEY_INT, "0", "steps between checkpoints; 0 = at the end of every epoch",
@@ -908,7 +912,10 @@ int config_load_string(Config *cfg, const char *text, const char *origin, Error 
     line = newline ? newline + 1 : NULL;
   }
   free(copy);
-  if (rc == 0) *cfg = work;
+  if (rc == 0) {
+    snprintf(work.source, sizeof work.source, "%s", p.origin);
+    *cfg = work;
+  }
   return rc;
 }
 
@@ -953,7 +960,18 @@ int config_apply_override(Config *cfg, const char *arg, Error *err) {
                      arg);
   const ConfigKey *k = find_key(name);
   if (!k) return unknown_key_error("command line", name, err);
-  return key_set(k, trim(value), cfg, "command line", err);
+  if (key_set(k, trim(value), cfg, "command line", err) != 0) return -1;
+  cfg->overridden = true;
+  return 0;
+}
+
+void config_where(const Config *cfg, char *buf, size_t size) {
+  if (cfg->source[0] && cfg->overridden)
+    snprintf(buf, size, "%s and the command line", cfg->source);
+  else if (cfg->overridden)
+    snprintf(buf, size, "the command line");
+  else
+    snprintf(buf, size, "%s", cfg->source);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1174,13 +1192,21 @@ static int validate_dist(const Config *c, Error *err) {
   return 0;
 }
 
+int config_error_where(const Config *cfg, Error *err) {
+  char where[CONFIG_STR_MAX + 32];
+  config_where(cfg, where, sizeof where);
+  return where[0] ? error_prefix(err, "%s: ", where) : -1;
+}
+
+// Checks that compare several keys, which may be set in different places, start their messages
+// with where the values came from.
 int config_validate(const Config *cfg, Error *err) {
-  if (validate_stages(cfg, err) != 0) return -1;
+  if (validate_stages(cfg, err) != 0) return config_error_where(cfg, err);
   if (validate_each_key(cfg, err) != 0) return -1;
-  if (validate_widths(cfg, err) != 0) return -1;
-  if (validate_geometry(cfg, err) != 0) return -1;
-  if (validate_data_and_train(cfg, err) != 0) return -1;
-  return validate_dist(cfg, err);
+  if (validate_widths(cfg, err) != 0 || validate_geometry(cfg, err) != 0 ||
+      validate_data_and_train(cfg, err) != 0 || validate_dist(cfg, err) != 0)
+    return config_error_where(cfg, err);
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------

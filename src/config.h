@@ -81,6 +81,7 @@ typedef struct {
   int shuffle_buffer;          // shards: samples held by the shuffle buffer
   int train_limit;             // > 0: use only the first N training samples (tests, quick runs)
   int val_limit;
+  bool skip_bad;  // imagefolder: replace an image that does not decode instead of stopping
 
   // [ckpt]
   int ckpt_every;  // steps between checkpoints; 0 = at the end of every epoch
@@ -95,6 +96,11 @@ typedef struct {
   bool bench;        // benchmark mode (src/bench.c)
   int bench_steps;   // timed steps
   int bench_warmup;  // untimed steps first
+
+  // Where the values came from (not keys): named by errors that involve several keys, whose
+  // values may come from the file, the command line or both.
+  char source[CONFIG_STR_MAX];  // the file (or text origin) last loaded; "" when built in code
+  bool overridden;              // command-line overrides were applied
 } Config;
 
 // Sets every key to its documented default.
@@ -113,6 +119,12 @@ void config_print(const Config *cfg, FILE *out);
 // returns a malloc'ed string. config_load_string parses such text back.
 char *config_to_ini(const Config *cfg);
 int config_load_string(Config *cfg, const char *text, const char *origin, Error *err);
+// Where cfg's values came from, for messages about several keys: "configs/x.ini",
+// "configs/x.ini and the command line", "the command line", or "" for a config built in code.
+void config_where(const Config *cfg, char *buf, size_t size);
+// Prefixes err's message with config_where and ": " (when known); returns -1. For errors about
+// several keys at once, raised outside config.c (dataset against model, batch against split).
+int config_error_where(const Config *cfg, Error *err);
 // Compares the keys that decide the model's shapes (model.*); on a difference fills err with
 // every differing key and both values and returns -1.
 int config_same_model(const Config *a, const Config *b, Error *err);

@@ -94,6 +94,14 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
       goto done;
     }
     convert_to_f32(staged + p->offset, safetensors_entry_data(&st, e), e->dtype, p->numel);
+    int64_t bad = first_nonfinite(staged + p->offset, p->numel);
+    if (bad >= 0) {
+      error_set(err,
+                "init_from '%s': tensor '%s' holds %s (element %lld)\n"
+                "HINT: the weights were saved from a diverged run; use another file",
+                path, e->name, nonfinite_name(staged[p->offset + bad]), (long long)bad);
+      goto done;
+    }
     seen[p - m->params] = true;
   }
   for (int i = 0; i < m->num_params; i++)
@@ -147,4 +155,20 @@ int export_weights(const Model *m, const char *path, DType dtype, Error *err) {
   free(ini);
   free(data);
   return rc;
+}
+
+int import_input_batch(const SafeTensors *st, const Config *cfg, const SafeTensorEntry **input,
+                       Error *err) {
+  const SafeTensorEntry *e = safetensors_find(st, "input");
+  *input = NULL;
+  if (!e || e->dtype != DTYPE_F32 || e->ndim != 4 || e->shape[1] != cfg->img_h ||
+      e->shape[2] != cfg->img_w || e->shape[3] != cfg->in_chans)
+    return error_set(err, "'%s' needs tensor 'input' F32 (B, %d, %d, %d)", st->path, cfg->img_h,
+                     cfg->img_w, cfg->in_chans);
+  // The batch becomes an int and sizes the activations: refuse what no forward pass can take.
+  if (e->shape[0] < 1 || e->shape[0] > INPUT_BATCH_MAX)
+    return error_set(err, "'%s': tensor 'input' has a batch of %lld images; 1 to %d are accepted",
+                     st->path, (long long)e->shape[0], INPUT_BATCH_MAX);
+  *input = e;
+  return 0;
 }

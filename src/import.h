@@ -9,9 +9,17 @@
 #pragma once
 #include <stdio.h>
 
+#include "src/config.h"
 #include "src/model.h"
+#include "src/safetensors.h"
 #include "src/tensor.h"
 #include "src/util.h"
 
 int import_weights(Model *m, const char *path, FILE *log, Error *err);
 int export_weights(const Model *m, const char *path, DType dtype, Error *err);
+
+// swin_predict's input: tensor "input", F32 (B, img_h, img_w, in_chans), channels-last,
+// normalized, 1 <= B <= INPUT_BATCH_MAX. Sets *input or fails naming the file and the shape wanted.
+#define INPUT_BATCH_MAX 65536
+int import_input_batch(const SafeTensors *st, const Config *cfg, const SafeTensorEntry **input,
+                       Error *err);

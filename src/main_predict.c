@@ -45,12 +45,10 @@ static int predict(int argc, char **argv, Error *err) {
   safetensors_free(&model);
   if (rc != 0) return -1;
   if (safetensors_read(&input, argv[2], err) != 0) return -1;
-  const SafeTensorEntry *e = safetensors_find(&input, "input");
-  if (!e || e->dtype != DTYPE_F32 || e->ndim != 4 || e->shape[1] != cfg.img_h ||
-      e->shape[2] != cfg.img_w || e->shape[3] != cfg.in_chans) {
+  const SafeTensorEntry *e;
+  if (import_input_batch(&input, &cfg, &e, err) != 0) {
     safetensors_free(&input);
-    return error_set(err, "'%s' needs tensor 'input' F32 (B, %d, %d, %d)", argv[2], cfg.img_h,
-                     cfg.img_w, cfg.in_chans);
+    return -1;
   }
   int B = (int)e->shape[0];
   Backend be;

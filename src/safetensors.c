@@ -955,6 +955,27 @@ static int check_writer(const SafeTensorWriter *w, const char *path, uint64_t *n
   return 0;
 }
 
+// What to do about a failed create or write, by its errno.
+static const char *write_error_hint(int e) {
+  switch (e) {
+    case ENOENT:
+      return "\nHINT: the directory does not exist; create it first";
+    case EISDIR:
+      return "\nHINT: remove the directory that has the temp file's name";
+    case ENOSPC:
+    case EDQUOT:
+      return "\nHINT: the disk is full (or over quota); free space or save elsewhere";
+    case EFBIG:
+      return "\nHINT: the file is over the size limit (ulimit -f); raise it or save elsewhere";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "\nHINT: the directory is not writable; fix its permissions or save elsewhere";
+    default:
+      return "";
+  }
+}
+
 static int write_fully(FILE *f, const unsigned char *src, uint64_t n) {
   while (n > 0) {
     size_t piece = n < IO_CHUNK ? (size_t)n : IO_CHUNK;
@@ -1050,10 +1071,7 @@ int safetensors_writer_save(SafeTensorWriter *w, const char *path, Error *err) {
     // Nothing was created (an existing PATH.tmp that is not a file stays as it was).
     int e = errno;
     rc = error_set(err, "cannot save '%s': cannot create the temp file '%s': %s%s", path, tmp_path,
-                   strerror(e),
-                   e == ENOENT   ? "\nHINT: the directory does not exist; create it first"
-                   : e == EISDIR ? "\nHINT: remove the directory that has the temp file's name"
-                                 : "");
+                   strerror(e), write_error_hint(e));
     goto done;
   }
   const char *failed = NULL;  // the step that failed, with its errno in failed_errno
@@ -1073,8 +1091,7 @@ int safetensors_writer_save(SafeTensorWriter *w, const char *path, Error *err) {
     int e = failed_errno;
     remove(tmp_path);
     rc = error_set(err, "cannot save '%s': %s of '%s' failed: %s%s", path, failed, tmp_path,
-                   strerror(e),
-                   e == ENOSPC ? "\nHINT: the disk is full; free space or save elsewhere" : "");
+                   strerror(e), write_error_hint(e));
     goto done;
   }
   rc = sync_directory_of(path, err);

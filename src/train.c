@@ -23,7 +23,9 @@
 #include "src/checkpoint.h"
 #include "src/import.h"
 #include "src/learner.h"
+#include "src/metrics.h"
 #include "src/model.h"
+#include "src/runlock.h"
 
 // The one piece of process-wide state: a signal handler can only talk to the loop through a
 // flag. Set by SIGINT/SIGTERM/SIGUSR1, read once per step (and agreed among ranks).
@@ -44,6 +46,9 @@ void train_install_signal_handlers(void) {
   // Open MPI's mpirun forwards SIGUSR1 to every rank, where a SIGTERM to mpirun is followed by a
   // SIGKILL a second later: SIGUSR1 is how to stop a job through mpirun with a checkpoint.
   sigaction(SIGUSR1, &sa, NULL);
+  // Past a file size limit (ulimit -f) a write would kill the process with SIGXFSZ; ignored, it
+  // fails with EFBIG instead, and the run stops with a message naming the file.
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 // Batch slots in backend memory: 0 and 1 alternate in training, 2 and 3 in evaluation, so an
@@ -79,7 +84,8 @@ typedef struct {
   int64_t skipped_seen;  // state->skipped at the last read-back
   LrSchedule schedule;
   int64_t steps_per_epoch, total_steps;
-  FILE *metrics;  // run_dir/metrics.jsonl
+  MetricsLog metrics;  // run_dir/metrics.jsonl
+  RunLock lock;        // held from setup to teardown: one run per run_dir
 } Trainer;
 
 static bool is_fp16(const Trainer *t) {
@@ -276,13 +282,7 @@ static int read_optim_state(Trainer *t, OptimState *out, Error *err) {
 // Setup
 
 static int open_metrics(Trainer *t, Error *err) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg->run_dir);
-  t->metrics = fopen(path, "a");
-  if (!t->metrics)
-    return error_set(err, "cannot open '%s' for appending: %s\nHINT: check run_dir", path,
-                     strerror(errno));
-  return 0;
+  return metrics_open(&t->metrics, t->cfg->run_dir, stdout, err);
 }
 
 static int make_run_dir(const char *dir, Error *err) {
@@ -427,10 +427,9 @@ static int share_start(Trainer *t, bool resumed, Error *err) {
   return 0;
 }
 
-// Rank 0's part of the start: the run directory and a checkpoint to resume.
+// Rank 0's part of the start: a checkpoint to resume.
 static int lead_start(Trainer *t, bool *resumed, Error *err) {
   const Config *cfg = t->cfg;
-  if (make_run_dir(cfg->run_dir, err) != 0) return -1;
   if (resume_from(t, resumed, err) != 0) return -1;
   if (t->state.seed != cfg->seed)
     return error_set(err,
@@ -443,8 +442,18 @@ static int lead_start(Trainer *t, bool *resumed, Error *err) {
 
 static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) {
   memset(t, 0, sizeof *t);
+  t->lock.fd = -1;
   t->cfg = cfg;
   t->comm = comm;
+  // The run directory comes first: a second run on it fails at once, before any data is read,
+  // and files an interrupted save left behind are only removed under the lock (rank 0's).
+  if (is_lead(t)) {
+    if (make_run_dir(cfg->run_dir, err) != 0) return -1;
+    if (runlock_acquire(&t->lock, cfg->run_dir, err) != 0) return -1;
+    int stale = checkpoint_remove_stale_temps(cfg->run_dir, err);
+    if (stale < 0) return -1;
+    if (stale > 0) printf("removed %d partial checkpoint file(s) of an interrupted save\n", stale);
+  }
   for (int c = 0; c < cfg->in_chans; c++) {
     t->norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
     t->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
@@ -461,12 +470,14 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
   if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
   if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
-  if (dataset_num_classes(t->train_set) > cfg->num_classes)
-    return error_set(err,
-                     "the dataset has %d classes but model.num_classes is %d\n"
-                     "HINT: set model.num_classes=%d",
-                     dataset_num_classes(t->train_set), cfg->num_classes,
-                     dataset_num_classes(t->train_set));
+  if (dataset_num_classes(t->train_set) > cfg->num_classes) {
+    error_set(err,
+              "the dataset has %d classes but model.num_classes is %d\n"
+              "HINT: set model.num_classes=%d",
+              dataset_num_classes(t->train_set), cfg->num_classes,
+              dataset_num_classes(t->train_set));
+    return config_error_where(cfg, err);
+  }
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
 
   int max_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
@@ -529,13 +540,16 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   opt.start_batch = t->state.batch;
   opt.alloc = be->ops->host_alloc;
   opt.release = be->ops->host_release;
-  if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return -1;
+  // Its errors are about batch_size against the split's size (train_limit), workers, prefetch.
+  if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return config_error_where(cfg, err);
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
-  if (t->steps_per_epoch < 1)
-    return error_set(err,
-                     "the training split has %lld images, fewer than one batch of %d\n"
-                     "HINT: lower train.batch_size",
-                     (long long)dataset_size(t->train_set), cfg->batch_size);
+  if (t->steps_per_epoch < 1) {
+    error_set(err,
+              "the training split has %lld images, fewer than one batch of %d\n"
+              "HINT: lower train.batch_size",
+              (long long)dataset_size(t->train_set), cfg->batch_size);
+    return config_error_where(cfg, err);
+  }
   t->total_steps = cfg->max_steps > 0 ? cfg->max_steps : (int64_t)cfg->epochs * t->steps_per_epoch;
   // The official recipe scales all three rates linearly with the total batch.
   double scale = cfg->lr_scale_batch > 0 ? (double)cfg->batch_size / cfg->lr_scale_batch : 1.0;
@@ -549,7 +563,9 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
          (long long)t->schedule.warmup_steps, t->schedule.min_lr);
-  return is_lead(t) ? open_metrics(t, err) : 0;
+  int rc = is_lead(t) ? open_metrics(t, err) : 0;
+  fflush(stdout);  // the setup log (what was resumed from) survives a kill in the first steps
+  return rc;
 }
 
 static void trainer_teardown(Trainer *t) {
@@ -558,7 +574,8 @@ static void trainer_teardown(Trainer *t) {
   if (t->loader) loader_destroy(t->loader);
   if (t->train_set) dataset_close(t->train_set);
   if (t->val_set) dataset_close(t->val_set);
-  if (t->metrics) fclose(t->metrics);
+  metrics_close(&t->metrics);
+  runlock_release(&t->lock);
   if (be->ops) {
     be->ops->synchronize(be);
     if (t->opt.state) optimizer_destroy(&t->opt, be);
@@ -653,7 +670,10 @@ static int save_checkpoint(Trainer *t, Error *err) {
     char path[1024];
     if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
                         &t->state, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
-      return -1;
+      return error_prefix(err,
+                          "checkpoint of step %lld failed; the earlier checkpoints in run_dir "
+                          "are untouched and resume=auto continues from the newest:\n",
+                          (long long)t->state.step);
     printf("checkpoint: %s%s\n", path, several ? " (weights identical on every rank)" : "");
     fflush(stdout);
   }
@@ -667,15 +687,12 @@ static int run_eval(Trainer *t, EvalResult *r, Error *err) {
   printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %.1fs)\n",
          (long long)t->state.step, r->top1, r->top5, r->loss, (long long)r->count,
          time_now_s() - t0);
-  if (t->metrics) {  // rank 0's
-    fprintf(t->metrics,
-            "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": %.4f, "
-            "\"eval_loss\": %.6f}\n",
-            (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5, r->loss);
-    fflush(t->metrics);
-  }
   fflush(stdout);
-  return 0;
+  return metrics_write(&t->metrics, err,
+                       "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": "
+                       "%.4f, \"eval_loss\": %.6f}",
+                       (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5,
+                       r->loss);
 }
 
 // Applies train.nonfinite to what the steps since the last read-back did. Skipped steps were
@@ -708,7 +725,8 @@ static int check_nonfinite(Trainer *t, const OptimState *s, Error *err) {
   return 0;
 }
 
-static void log_progress(Trainer *t, const OptimState *s, double lr, double img_s, double eta) {
+static int log_progress(Trainer *t, const OptimState *s, double lr, double img_s, double eta,
+                        Error *err) {
   char eta_s[32], extra[96] = "";
   format_duration(eta_s, sizeof eta_s, eta);
   double loss = s->loss_steps ? s->loss_sum / (double)s->loss_steps : NAN;
@@ -720,15 +738,13 @@ static void log_progress(Trainer *t, const OptimState *s, double lr, double img_
   printf("epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  eta %s%s\n",
          (long long)(epoch_end ? t->state.epoch : t->state.epoch + 1), (long long)t->state.step,
          (long long)t->total_steps, loss, lr, s->grad_norm, img_s, eta_s, extra);
-  if (t->metrics) {  // rank 0's
-    fprintf(t->metrics,
-            "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": "
-            "%.6f, \"img_per_s\": %.1f, \"loss_scale\": %g, \"skipped\": %lld}\n",
-            (long long)t->state.step, (long long)t->state.epoch, loss, lr, s->grad_norm, img_s,
-            (double)s->loss_scale, (long long)s->skipped);
-    fflush(t->metrics);
-  }
   fflush(stdout);
+  return metrics_write(&t->metrics, err,
+                       "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, "
+                       "\"grad_norm\": %.6f, \"img_per_s\": %.1f, \"loss_scale\": %g, "
+                       "\"skipped\": %lld}",
+                       (long long)t->state.step, (long long)t->state.epoch, loss, lr, s->grad_norm,
+                       img_s, (double)s->loss_scale, (long long)s->skipped);
 }
 
 // Whether to stop after this step: a stop request (signal) seen by any rank stops every rank
@@ -791,7 +807,7 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
       double now = time_now_s();
       double img_s = (double)steps_window * cfg->batch_size / (now - t_window);
       double eta = (double)(t.total_steps - step) * (now - t_start) / (double)(step - start_step);
-      log_progress(&t, &s, lr, img_s, eta);
+      if (log_progress(&t, &s, lr, img_s, eta, err) != 0) goto done;
       if (check_nonfinite(&t, &s, err) != 0) goto done;
       t_window = time_now_s();
       steps_window = 0;

@@ -2,6 +2,7 @@
 #include "src/util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -81,6 +82,29 @@ fail:
   error_set(err, "cannot read '%s': %s", path, strerror(errno ? errno : EIO));
   fclose(f);
   return NULL;
+}
+
+// Blocks of floats are tested with integer bit masks and no early exit, so the compiler can
+// vectorize the common all-finite case; only a block that holds a bad value is searched.
+int64_t first_nonfinite(const float *x, int64_t n) {
+  enum { BLOCK = 1024 };
+  for (int64_t start = 0; start < n; start += BLOCK) {
+    int64_t len = n - start < BLOCK ? n - start : BLOCK;
+    unsigned bad = 0;
+    for (int64_t i = 0; i < len; i++) {
+      uint32_t bits;
+      memcpy(&bits, &x[start + i], 4);
+      bad |= (bits & 0x7F800000u) == 0x7F800000u;  // exponent all ones: inf or NaN
+    }
+    if (!bad) continue;
+    for (int64_t i = 0; i < len; i++)
+      if (!isfinite(x[start + i])) return start + i;
+  }
+  return -1;
+}
+
+const char *nonfinite_name(float x) {
+  return isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
 }
 
 double time_now_s(void) {

@@ -38,6 +38,12 @@ void *aligned_alloc_check_(size_t size, const char *file, int line);
 // Reads a whole file; returns NULL and fills err on failure. *size gets the byte count.
 unsigned char *read_file(const char *path, size_t *size, Error *err);
 
+// Index of the first NaN or infinity in x (n), or -1 when every value is finite. Checkpoints and
+// imported weights are checked with it, so that a diverged run is never saved or loaded.
+int64_t first_nonfinite(const float *x, int64_t n);
+// "nan", "inf" or "-inf", for messages about such a value.
+const char *nonfinite_name(float x);
+
 // Wall-clock seconds from a monotonic clock.
 double time_now_s(void);
 

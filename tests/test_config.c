@@ -85,7 +85,7 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME_STR(dataset); SAME_STR(path); SAME(workers); SAME(prefetch); SAME(num_mean);
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
-  SAME(train_limit); SAME(val_limit); SAME(ckpt_every); SAME(ckpt_keep);
+  SAME(train_limit); SAME(val_limit); SAME(skip_bad); SAME(ckpt_every); SAME(ckpt_keep);
   SAME(bucket_mb); SAME_STR(reduce_dtype); SAME(timeout_s);
   return NULL;
 #undef SAME_STR
@@ -123,7 +123,7 @@ static void test_defaults(void) {
        c.prefetch == 4 && c.num_mean == 3 && floats_equal(c.mean, imagenet_mean, 4) &&
        floats_equal(c.std, imagenet_std, 4) && c.scale_min == 0.08f && c.scale_max == 1.0f &&
        c.ratio_min == 0.75f && c.ratio_max == 1.3333333f && c.hflip == 0.5f &&
-       c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0;
+       c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0 && !c.skip_bad;
   test_check(ok, "defaults: [data]");
   test_check(c.ckpt_every == 0 && c.ckpt_keep == 3, "defaults: [ckpt]");
   test_check(c.bucket_mb == 25.0f && strcmp(c.reduce_dtype, "fp32") == 0 && c.timeout_s == 300.0f,
@@ -485,6 +485,32 @@ static void test_validate_errors(void) {
               "precision=bf16 needs the CUDA backend", "HINT: set precision=fp32");
 }
 
+// Errors about several keys name where the values came from: the file, the command line, both.
+static void test_where(void) {
+  const char *path =
+      write_config("where.ini", "[model]\nnum_heads = 3,6,12\n[data]\nskip_bad = yes\n");
+  Config c;
+  config_defaults(&c);
+  Error err;
+  check_ok("load where.ini", config_load_file(&c, path, &err), &err);
+  test_check(c.skip_bad, "data.skip_bad = yes reads as true");
+  CHECK_ERROR("several keys: names the file", config_validate(&c, &err), &err, path,
+              "model.depths has 4 values");
+  test_check(strncmp(err.msg, path, strlen(path)) == 0 && !strstr(err.msg, "command line"),
+             "... at the start of the message, without the command line");
+  check_ok("override", config_apply_override(&c, "model.img_size=225", &err), &err);
+  CHECK_ERROR("several keys: file and command line", config_validate(&c, &err), &err, path,
+              "and the command line: ");
+  config_defaults(&c);
+  check_ok("override only", config_apply_override(&c, "model.num_heads=1", &err), &err);
+  CHECK_ERROR("several keys: the command line", config_validate(&c, &err), &err,
+              "the command line: model.depths has 4 values");
+  config_defaults(&c);
+  c.num_heads[3] = 0;
+  CHECK_ERROR("several keys set in code", config_validate(&c, &err), &err, "model.depths");
+  test_check(strncmp(err.msg, "model.depths", 12) == 0, "... names no source: %.60s", err.msg);
+}
+
 // Random values for every float key (within its range), odd strings, a non-square image:
 // config_to_ini then config_load_string must give back the identical Config.
 static void test_round_trip(void) {
@@ -622,6 +648,7 @@ int main(void) {
   test_override_errors();
   test_validate_errors();
   test_round_trip();
+  test_where();
   test_same_model();
   test_print();
   for (int i = 0; i < num_written; i++) unlink(written[i]);

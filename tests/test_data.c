@@ -1178,6 +1178,83 @@ static void test_loader_error_path(void) {
   dataset_close(ds);
 }
 
+// data.skip_bad on the "bad" tree (good.png, trunc.png, x.png) plus a PNG whose header claims
+// 9000x8000 pixels: every bad sample becomes the next one in split order that decodes (wrapping),
+// each bad file is counted once, and batches do not depend on the number of workers.
+static void test_skip_bad(void) {
+  char root[512], path[1024];
+  snprintf(root, sizeof root, "%s/bad", tmp_root);
+  // A valid signature and IHDR (CRCs are not checked when only the header is read) for a
+  // 9000x8000 gray image: 72 Mpixel, over the 64 Mpixel limit.
+  const uint8_t huge[] = {0x89, 'P',  'N', 'G', '\r', '\n', 0x1A, '\n', 0,    0, 0,
+                          13,   'I',  'H', 'D', 'R',  0,    0,    0x23, 0x28, 0, 0,
+                          0x1F, 0x40, 8,   0,   0,    0,    0,    0,    0,    0, 0};
+  snprintf(path, sizeof path, "%s/train/a/y_huge.png", root);
+  write_bytes(path, huge, sizeof huge);
+  Config cfg = make_config("imagefolder", root, 8, 8, 3);
+  Dataset *ds = NULL;
+  Error err = {{0}};
+  uint8_t px[8 * 8 * 3], want[8 * 8 * 3];
+  int label = -1;
+  if (dataset_open(&ds, &cfg, "train", &err)) {
+    test_check(0, "skip_bad: open without it: %s", err.msg);
+    return;
+  }
+  check_error(dataset_load_sample(ds, 3, false, 1, 0, px, &label, &err), &err,
+              "imagefolder png over 64 Mpixel", "y_huge.png", "9000x8000");
+  check_error(dataset_load_sample(ds, 1, false, 1, 0, px, &label, &err), &err,
+              "without skip_bad a bad file stops", "trunc.png", "data.skip_bad=true");
+  dataset_close(ds);
+
+  cfg.skip_bad = true;
+  if (dataset_open(&ds, &cfg, "train", &err)) {
+    test_check(0, "skip_bad: open: %s", err.msg);
+    return;
+  }
+  // Sorted: good.png (0), trunc.png (1), x.png (2), y_huge.png (3): 1, 2 and 3 all wrap to 0.
+  bool ok = dataset_load_sample(ds, 0, false, 1, 0, want, &label, &err) == 0 && label == 0;
+  for (int i = 1; i < 4 && ok; i++) {
+    memset(px, 0xA5, sizeof px);
+    ok = dataset_load_sample(ds, i, false, 1, 0, px, &label, &err) == 0 && label == 0 &&
+         memcmp(px, want, sizeof px) == 0;
+  }
+  test_check(ok && dataset_bad_count(ds) == 3,
+             "skip_bad: the 3 bad samples become good.png (eval pixels equal), %lld counted",
+             (long long)dataset_bad_count(ds));
+  dataset_load_sample(ds, 2, true, 1, 5, px, &label, &err);
+  test_check(dataset_bad_count(ds) == 3, "skip_bad: a bad file met again is not counted again");
+
+  LoaderOptions o1 = loader_options(2, true, 1, 2), o3 = loader_options(2, true, 3, 3);
+  Run r1, r3;
+  if (run_loader(ds, o1, 6, &r1, &err) || run_loader(ds, o3, 6, &r3, &err)) {
+    test_check(0, "skip_bad: loader: %s", err.msg);
+  } else {
+    test_check(r1.n == 6 && r3.n == 6 && runs_equal(&r1, 0, &r3, 0, 6, 2 * sizeof px, 2),
+               "skip_bad: 6 train batches with 1 and 3 workers are identical");
+    run_free(&r1);
+    run_free(&r3);
+  }
+  dataset_close(ds);
+
+  // A split in which nothing decodes is an error, not an endless search.
+  snprintf(root, sizeof root, "%s/allbad", tmp_root);
+  make_dir("%s%s", root, "");
+  make_dir("%s/%s", root, "train");
+  make_dir("%s/%s", root, "train/a");
+  snprintf(path, sizeof path, "%s/train/a/x.png", root);
+  write_bytes(path, "not a png", 9);
+  cfg = make_config("imagefolder", root, 8, 8, 3);
+  cfg.skip_bad = true;
+  if (dataset_open(&ds, &cfg, "train", &err) == 0) {
+    check_error(dataset_load_sample(ds, 0, true, 1, 0, px, &label, &err), &err,
+                "skip_bad with no decodable image", "no image of", "decodes");
+    check_error(dataset_load_sample(ds, 0, true, 1, 1, px, &label, &err), &err,
+                "skip_bad with no decodable image, asked again", "no image of",
+                "found not to decode before");
+    dataset_close(ds);
+  }
+}
+
 // ---- throughput ----
 
 static void measure_fashion_throughput(void) {
@@ -1230,6 +1307,7 @@ int main(void) {
   test_color_stage(&r);
   test_loader(&r);
   test_loader_error_path();
+  test_skip_bad();
   measure_fashion_throughput();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);

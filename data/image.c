@@ -1,0 +1,144 @@
+// image.c: JPEG and PNG decoding (data/image.h) with stb_image, the one place its
+// implementation is compiled.
+//
+// Only the decoders of the formats ImageFolder lists (.jpg, .jpeg, .png) are compiled: a file
+// with such a name that holds something else (a BMP, a PSD) is refused, and less decoder code
+// ever sees a file. stb allocates zeroed memory (see STBI_MALLOC below), and before it decodes
+// a file two checks refuse what it mishandles:
+// - the size in the header, against IMAGE_MAX_PIXELS;
+// - PNG chunk lengths, against the file size: stb sizes its buffer for the compressed data
+//   from the lengths chunks claim, before reading them, so a 91-byte file claiming an 800 MB
+//   chunk made it allocate 800 MB (found by tests/fuzz/fuzz_decode.c): many such files in a
+//   dataset could exhaust the memory of the loader threads;
+// - JPEG Huffman tables: stb_image 2.27 (Debian 12's libstb-dev) builds a table from 16 code
+//   counts without checking that they add up to at most 256 symbols, and writes past the
+//   table's arrays when they do not (found by tests/fuzz/fuzz_image.c). Every DHT segment is
+//   walked here the way stb reads it, and a table of more than 256 codes is refused.
+#include "data/image.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+// Zeroed allocations: stb 2.27 reads JPEG decoder state that a damaged file never set (the
+// tables of a Huffman table id a scan names but no DHT defined), which made the pixels of such
+// a file depend on whatever the heap held before: different from one decode to the next, and
+// different across loader threads (found by tests/fuzz/fuzz_image.c, confirmed by
+// MemorySanitizer). From zeroed memory the result is the same every time.
+#define STBI_MALLOC(size) calloc(1, (size))
+#define STBI_REALLOC(p, size) realloc((p), (size))
+#define STBI_FREE(p) free(p)
+#define STB_IMAGE_IMPLEMENTATION
+#include "stb_image.h"
+
+// The byte at pos, or 0 past the end, as stb's memory reader returns.
+static unsigned byte_at(const uint8_t *p, size_t size, size_t pos) {
+  return pos < size ? p[pos] : 0;
+}
+
+// One DHT segment's payload [pos, pos + len): tables of (class/id byte, 16 counts, symbols),
+// read with stb's own bookkeeping. Only the symbol count matters to stb's safety.
+static bool huffman_tables_ok(const uint8_t *p, size_t size, size_t pos, long len) {
+  while (len > 0) {
+    long codes = 0;
+    for (int i = 0; i < 16; i++) codes += byte_at(p, size, pos + 1 + (size_t)i);
+    if (codes > 256) return false;
+    pos += 17 + (size_t)codes;
+    len -= 17 + codes;
+  }
+  return true;
+}
+
+// Walks a JPEG's marker segments and checks every DHT segment (true for a file that is not a
+// JPEG). Like stb it steps over junk
+// between segments (anything up to the next 0xFF) and over the entropy-coded data after each
+// SOS (up to a 0xFF followed by neither 0x00 nor a restart marker); where stb would give up,
+// the walk goes on, so it sees every table stb could ever read.
+static bool jpeg_tables_ok(const uint8_t *p, size_t size) {
+  // stb takes a file for a JPEG when it starts with SOI, fill bytes (0xFF) allowed before it.
+  size_t pos = 0;
+  while (pos < size && p[pos] == 0xFF) pos++;
+  if (pos == 0 || pos >= size || p[pos] != 0xD8) return true;  // not a JPEG
+  pos++;
+  while (pos + 1 < size) {
+    if (p[pos] != 0xFF) {
+      pos++;
+      continue;
+    }
+    while (pos < size && p[pos] == 0xFF) pos++;
+    if (pos >= size) return true;
+    unsigned marker = p[pos++];
+    if (marker == 0xD9) return true;                                     // EOI
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no payload
+    size_t len = (size_t)byte_at(p, size, pos) << 8 | byte_at(p, size, pos + 1);
+    if (marker == 0xC4 && !huffman_tables_ok(p, size, pos + 2, (long)len - 2)) return false;
+    pos += len < 2 ? 2 : len;
+    if (marker != 0xDA) continue;  // SOS: skip the scan's entropy-coded data
+    while (pos + 1 < size &&
+           !(p[pos] == 0xFF && p[pos + 1] != 0 && !(p[pos + 1] >= 0xD0 && p[pos + 1] <= 0xD7)))
+      pos++;
+  }
+  return true;
+}
+
+static uint32_t read_be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+// Every chunk of a PNG (length, type, data, CRC) must lie inside the file (true for a file that
+// is not a PNG, and for one that ends early between chunks: stb refuses those itself).
+static bool png_chunks_ok(const uint8_t *p, size_t size) {
+  static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (size < 8 || memcmp(p, signature, 8) != 0) return true;
+  size_t pos = 8;
+  while (size - pos >= 8) {
+    uint32_t len = read_be32(p + pos);
+    if (len > size - pos - 8) return false;
+    if (memcmp(p + pos + 4, "IEND", 4) == 0) return true;
+    pos += 8 + (size_t)len;
+    pos += size - pos < 4 ? size - pos : 4;  // the CRC
+  }
+  return true;
+}
+
+uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
+                      size_t why_size) {
+  int file_chans = 0;
+  if (size > INT_MAX) {
+    snprintf(why, why_size, "the file is %zu bytes, over the decoder's 2 GB limit", size);
+    return NULL;
+  }
+  // Before stbi_info, which reads the Huffman tables in front of the frame header too.
+  if (!jpeg_tables_ok(file, size)) {
+    snprintf(why, why_size, "corrupt JPEG: a Huffman table has more than 256 codes");
+    return NULL;
+  }
+  if (!png_chunks_ok(file, size)) {
+    snprintf(why, why_size, "corrupt PNG: a chunk runs past the end of the file");
+    return NULL;
+  }
+  if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {
+    const char *reason = stbi_failure_reason();
+    snprintf(why, why_size, "%s", reason ? reason : "not a JPEG or PNG image");
+    return NULL;
+  }
+  if ((int64_t)*w * *h > IMAGE_MAX_PIXELS) {
+    snprintf(why, why_size, "the image is %dx%d, over the limit of %lld pixels", *w, *h,
+             (long long)IMAGE_MAX_PIXELS);
+    return NULL;
+  }
+  uint8_t *pixels = stbi_load_from_memory(file, (int)size, w, h, &file_chans, chans);
+  if (!pixels) {
+    const char *reason = stbi_failure_reason();
+    snprintf(why, why_size, "%s", reason ? reason : "unknown reason");
+  }
+  return pixels;
+}
+
+void image_free(uint8_t *pixels) {
+  stbi_image_free(pixels);
+}

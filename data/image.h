@@ -1,0 +1,18 @@
+// image.h: decoding the image files of an ImageFolder dataset: JPEG and PNG, through
+// stb_image, behind checks that keep damaged or hostile files away from what the decoder
+// mishandles (see image.c).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+// Larger images are refused before decoding: a corrupt or hostile header could otherwise ask
+// for gigabytes (64 Mpixel RGBA is 256 MB, far beyond any training image).
+#define IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+
+// Decodes a JPEG or PNG file held in memory (size bytes) to (*h, *w, chans) uint8 pixels,
+// converting gray, gray+alpha, RGB or RGBA to chans (1..4); free the result with image_free.
+// Returns NULL with the reason in why (why_size bytes) when the file is not a JPEG or PNG,
+// is damaged, or is larger than IMAGE_MAX_PIXELS.
+uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
+                      size_t why_size);
+void image_free(uint8_t *pixels);
