@@ -16,42 +16,11 @@ fashion=/usr/share/datasets/fashion-mnist
 [ -d "$fashion" ] || { echo "soak: $fashion not found (apt-get install dataset-fashion-mnist)"; exit 2; }
 run=$out/run
 rm -rf "$run"
-cat >"$out/soak.ini" <<EOF
-run_dir = $run
-threads = 1
-[model]
-img_size = 16
-in_chans = 1
-patch_size = 2
-embed_dim = 16
-depths = 2,2
-num_heads = 2,4
-window_size = 4
-num_classes = 10
-[train]
-batch_size = 16
-epochs = 100000
-max_steps = $steps
-lr = 1e-3
-lr_scale_batch = 0
-warmup_epochs = 1
-log_every = 100
-eval_every = 1000
-eval_batch_size = 64
-[data]
-dataset = fashion_mnist
-path = $fashion
-workers = 2
-mean = 0.286
-std = 0.353
-train_limit = 512
-val_limit = 64
-[ckpt]
-every = 100
-keep = 3
-EOF
+tiny=("$(cd "$(dirname "$0")/.." && pwd)/tests/tiny_fashion.ini" run_dir="$run"
+  train.max_steps="$steps" train.warmup_epochs=1 train.log_every=100 train.eval_every=1000
+  ckpt.every=100)
 
-"$build/swin_train" "$out/soak.ini" >"$out/train.log" 2>&1 &
+"$build/swin_train" "${tiny[@]}" >"$out/train.log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null' EXIT
 set +e  # sampling races with the run (files appear, the process ends): a missed sample is fine

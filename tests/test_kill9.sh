@@ -32,44 +32,11 @@ fail() {
 # every 40: the run spends much of its time writing checkpoints. run_dir is relative, so both
 # runs have the same config, byte for byte, in their checkpoints.
 steps=1000
-cat >"$tmp/tiny.ini" <<EOF
-run_dir = run
-threads = 1
-[model]
-img_size = 16
-in_chans = 1
-patch_size = 2
-embed_dim = 16
-depths = 2,2
-num_heads = 2,4
-window_size = 4
-drop_path_rate = 0.1
-num_classes = 10
-[train]
-batch_size = 16
-epochs = 1000
-max_steps = $steps
-lr = 1e-3
-lr_scale_batch = 0
-warmup_epochs = 0.2
-log_every = 5
-eval_every = 40
-eval_batch_size = 64
-[data]
-dataset = fashion_mnist
-path = $fashion
-workers = 2
-mean = 0.286
-std = 0.353
-train_limit = 512
-val_limit = 64
-[ckpt]
-every = 2
-keep = 3
-EOF
+tiny=("$(cd "$2" && pwd)/tests/tiny_fashion.ini" run_dir=run model.drop_path_rate=0.1 train.max_steps=$steps
+  train.log_every=5 train.eval_every=40)
 final=$(printf 'ckpt-%08d.safetensors' "$steps")
 mkdir "$tmp/ref" "$tmp/killed"
-if ! (cd "$tmp/ref" && "$bin" ../tiny.ini resume=auto >out.txt 2>&1); then
+if ! (cd "$tmp/ref" && "$bin" "${tiny[@]}" resume=auto >out.txt 2>&1); then
   fail "the uninterrupted run failed:"
   tail -5 "$tmp/ref/out.txt"
   exit 1
@@ -105,7 +72,7 @@ for ((k = 1; k <= kills; k++)); do
   had_temp=0
   compgen -G "$tmp/killed/run/ckpt-*.safetensors.tmp" >/dev/null && had_temp=1
   out=$tmp/killed/run-$k.txt
-  (cd "$tmp/killed" && exec "$bin" ../tiny.ini resume=auto) >"$out" 2>&1 &
+  (cd "$tmp/killed" && exec "$bin" "${tiny[@]}" resume=auto) >"$out" 2>&1 &
   pid=$!
   if ((k % 2)); then
     # Random: between 0.3 s (start-up) and 1.2 s.
@@ -143,7 +110,7 @@ done
 
 if [ $finished_early -eq 0 ]; then
   out=$tmp/killed/run-final.txt
-  if ! (cd "$tmp/killed" && "$bin" ../tiny.ini resume=auto >"$out" 2>&1); then
+  if ! (cd "$tmp/killed" && "$bin" "${tiny[@]}" resume=auto >"$out" 2>&1); then
     fail "the final resumed run failed: $(tail -2 "$out")"
   fi
   grep -q '^resumed from ' "$out" && resumes=$((resumes + 1))
