@@ -69,6 +69,9 @@ typedef struct {
 
 typedef struct {
   const char *name;  // "cpu", "cuda"
+  // The largest window (tokens) and head width (channels) its attention serves; 0: no limit.
+  // model_create refuses a model beyond them with a config error.
+  int max_window_tokens, max_head_dim;
 
   // ---- memory ----
   // Backend memory, zero-filled; the process aborts with the size if it cannot be had (memory

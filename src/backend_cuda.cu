@@ -443,6 +443,8 @@ void cuda_optimizer_step(Backend *be, float *params, void *compute, const float 
 
 const BackendOps cuda_ops = {
     .name = "cuda",
+    .max_window_tokens = WINDOW_ATTENTION_CUDA_MAX_N,
+    .max_head_dim = WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM,
     .alloc = cuda_alloc,
     .release = cuda_release,
     .host_alloc = cuda_host_alloc,

@@ -1,8 +1,10 @@
 // swin_predict: logits of a model for a batch of images, for checks against other runtimes.
-//   swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors [CONFIG.ini [key=value ...]]
+//   swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors [CONFIG.ini] [key=value ...]
 // MODEL is a swin.c checkpoint or export (both carry their config), or, with CONFIG given, any
-// timm- or official-layout safetensors (read as init_from reads it). INPUT holds "input", F32
-// (B, H, W, Cin) channels-last, already normalized; OUT receives "logits", F32 (B, classes).
+// timm- or official-layout safetensors (read as init_from reads it). key=value overrides the
+// config (device=cpu, say); without CONFIG, the model's own config in fp32 on device=auto. INPUT
+// holds "input", F32 (B, H, W, Cin) channels-last, already normalized; OUT receives "logits", F32
+// (B, classes).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +19,10 @@
 static int config_from_args(Config *cfg, int argc, char **argv, const SafeTensors *model,
                             Error *err) {
   config_defaults(cfg);
-  if (argc > 4) {
+  int first_override = 4;
+  if (argc > 4 && !strchr(argv[4], '=')) {
     if (config_load_file(cfg, argv[4], err) != 0) return -1;
-    for (int i = 5; i < argc; i++)
-      if (config_apply_override(cfg, argv[i], err) != 0) return -1;
+    first_override = 5;
   } else {
     const char *ini = safetensors_meta_get(model, "config");
     if (!ini) ini = safetensors_meta_get(model, "swin.config");
@@ -32,6 +34,8 @@ static int config_from_args(Config *cfg, int argc, char **argv, const SafeTensor
     snprintf(cfg->device, sizeof cfg->device, "auto");
     snprintf(cfg->precision, sizeof cfg->precision, "fp32");
   }
+  for (int i = first_override; i < argc; i++)
+    if (config_apply_override(cfg, argv[i], err) != 0) return -1;
   return config_validate(cfg, err);
 }
 
@@ -94,7 +98,7 @@ int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr,
             "usage: swin_predict MODEL.safetensors INPUT.safetensors OUT.safetensors "
-            "[CONFIG.ini [key=value ...]]\n");
+            "[CONFIG.ini] [key=value ...]\n");
     return 2;
   }
   Error err;

@@ -259,6 +259,28 @@ static void *backend_copy(Backend *be, const void *src, size_t bytes) {
   return dst;
 }
 
+// Whether every stage's window and head width are within what the backend's attention serves.
+static int check_backend_limits(const Model *m, const BackendOps *ops, Error *err) {
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    if (ops->max_window_tokens > 0 && g->N > ops->max_window_tokens)
+      return error_set(err,
+                       "model.window_size = %d: stage %d has %dx%d windows (%d tokens), but the "
+                       "%s backend's attention serves at most %d tokens per window\n"
+                       "HINT: use a window of at most %d tokens (window_size 8 or less), or "
+                       "device=cpu",
+                       m->cfg.window_size, s, g->wh, g->ww, g->N, ops->name, ops->max_window_tokens,
+                       ops->max_window_tokens);
+    if (ops->max_head_dim > 0 && g->head_dim > ops->max_head_dim)
+      return error_set(err,
+                       "model.num_heads: stage %d has %d heads of %d channels, but the %s "
+                       "backend's attention serves at most %d channels per head\n"
+                       "HINT: raise that stage's head count, or device=cpu",
+                       s, g->heads, g->head_dim, ops->name, ops->max_head_dim);
+  }
+  return 0;
+}
+
 int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err) {
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
@@ -266,6 +288,10 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
     return error_set(err, "model_create: max_batch %d needs %s", max_batch,
                      be ? "to be at least 1" : "a backend");
   build_geometry(m);
+  if (be && check_backend_limits(m, be->ops, err) != 0) {
+    model_destroy(m);
+    return -1;
+  }
   m->num_params = walk_params(m, NULL, NULL, NULL);
   m->params = calloc_check((size_t)m->num_params, sizeof(ParamInfo));
   walk_params(m, m->params, NULL, NULL);

@@ -483,7 +483,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   int max_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
                                                                    : t->eval_opt.batch_size;
   Backend *be = &t->be;
-  if (model_create(&t->model, cfg, be, max_batch, err) != 0) return -1;
+  if (model_create(&t->model, cfg, be, max_batch, err) != 0) return config_error_where(cfg, err);
   Model *m = &t->model;
   model_init_weights(m, cfg->seed);
   if (is_lead(t) && cfg->init_from[0] && import_weights(m, cfg->init_from, stdout, err) != 0)

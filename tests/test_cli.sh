@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test_cli.sh BUILD_DIR SOURCE_DIR: swin_train and swin_export as a user meets them: exit codes
-# and messages for bad configs and arguments, and --dry-run's model table and parameter count.
+# test_cli.sh BUILD_DIR SOURCE_DIR: swin_train, swin_export and swin_predict as a user meets
+# them: exit codes and messages for bad configs and arguments, and --dry-run's model table and
+# parameter count.
 set -u
 build=$1
 src=$2
@@ -90,6 +91,15 @@ expect "swin_predict refuses a file that is not a model, naming the tensor" 1 \
 expect "swin_predict needs the input tensor" 1 "needs tensor 'input' F32 \(B, 32, 32, 3\)" -- \
   "$build/swin_predict" "$fixture" "$src/tests/fixtures/rect_three_stages.safetensors" \
   "$tmp/out.safetensors"
+# key=value after OUT applies to a checkpoint's own config too (no CONFIG.ini).
+"$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic train.max_steps=2 device=cpu \
+  run_dir="$tmp/predict" >/dev/null 2>&1
+ckpt="$tmp/predict/ckpt-00000002.safetensors"
+expect "swin_predict applies key=value to a checkpoint's config" 1 "command line: unknown key 'no\.such_key'" -- \
+  "$build/swin_predict" "$ckpt" "$fixture" "$tmp/out.safetensors" no.such_key=1
+expect "swin_predict with device=cpu reads the checkpoint's geometry" 1 \
+  "needs tensor 'input' F32 \(B, 16, 16, 1\)" -- \
+  "$build/swin_predict" "$ckpt" "$fixture" "$tmp/out.safetensors" device=cpu
 
 # The README's key reference is the program's own.
 readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')

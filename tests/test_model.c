@@ -328,10 +328,62 @@ static void test_grads_ready(void) {
   backend_destroy(&be);
 }
 
+// A backend whose attention serves at most 64-token windows of 64 channels per head (the CUDA
+// backend's limits, given to the CPU backend's table here so that the check runs without a GPU):
+// Swin-T's 7x7 windows pass; a 12x12 window (Swin-B 384) and 96-channel heads are refused with a
+// message naming the key, the stage and the limit.
+static void test_backend_limits(void) {
+  Backend cpu;
+  Error err;
+  if (backend_create(&cpu, "cpu", "fp32", &err) != 0) {
+    test_check(0, "cpu backend: %s", err.msg);
+    return;
+  }
+  BackendOps limited = *cpu.ops;
+  limited.name = "limited";
+  limited.max_window_tokens = 64;
+  limited.max_head_dim = 64;
+  Backend be = cpu;
+  be.ops = &limited;
+  struct {
+    int img, window, heads0;
+    const char *want;  // NULL: accepted
+  } cases[] = {
+      {224, 7, 3, NULL},
+      {384, 12, 4,
+       "model.window_size = 12: stage 0 has 12x12 windows (144 tokens), but the limited"},
+      {224, 7, 1, "model.num_heads: stage 0 has 1 heads of 96 channels"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    Config c;
+    config_defaults(&c);
+    c.img_h = c.img_w = cases[i].img;
+    c.window_size = cases[i].window;
+    c.embed_dim = 96;
+    c.num_stages = 2;
+    c.depths[0] = c.depths[1] = 1;
+    c.num_heads[0] = cases[i].heads0, c.num_heads[1] = 6;
+    Model m;
+    memset(&err, 0, sizeof err);
+    int rc = model_create(&m, &c, &be, 1, &err);
+    if (!cases[i].want) {
+      test_check(rc == 0, "window %d, head dim %d accepted (%s)", c.window_size,
+                 96 / cases[i].heads0, rc ? err.msg : "ok");
+      if (rc == 0) model_destroy(&m);
+    } else {
+      test_check(rc != 0 && strstr(err.msg, cases[i].want) && strstr(err.msg, "HINT"),
+                 "window %d, head dim %d refused: %s", c.window_size, 96 / cases[i].heads0,
+                 err.msg);
+    }
+  }
+  backend_destroy(&cpu);
+}
+
 int main(void) {
   test_param_counts();
   test_gradients();
   test_split_batch();
   test_grads_ready();
+  test_backend_limits();
   return test_finish();
 }
