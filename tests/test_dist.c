@@ -22,6 +22,7 @@
 #include "dist/comm.h"
 #include "src/config.h"
 #include "src/model.h"
+#include "tests/test_dist_util.h"
 #include "tests/test_util.h"
 
 static void sleep_s(double s) {
@@ -29,43 +30,8 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
-static void must(Comm *c, int rc, const Error *err) {
-  if (rc != 0) comm_abort(c, err->msg);
-}
-
-// One check agreed by every rank: it passes only if it passed everywhere. Rank 0 prints it.
-static void check_all(Comm *c, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void check_all(Comm *c, int ok, const char *fmt, ...) {
-  double failed = ok ? 0 : 1;
-  Error err;
-  must(c, comm_allreduce_doubles(c, &failed, 1, COMM_MAX, &err), &err);
-  char text[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  if (c->rank == 0)
-    test_check(failed == 0, "%s", text);
-  else if (failed)
-    test_stats.failed++;
-  else
-    test_stats.passed++;
-}
-
-static double max_over_ranks(Comm *c, double v) {
-  Error err;
-  must(c, comm_allreduce_doubles(c, &v, 1, COMM_MAX, &err), &err);
-  return v;
-}
-
-// The data rank r contributes to case `id`: uniform in [-1, 1), different on every rank and
-// every case. Drawn in double and rounded, so small values carry all 24 bits of mantissa and sums
-// really round (test_fill_uniform's values lie on a 2^-23 grid, where sums of a few are exact).
-static void rank_data(float *x, int64_t n, int r, int id) {
-  TestRng rng = {.state = 0xD157000ull + 7919ull * (uint64_t)r + 104729ull * (uint64_t)id};
-  for (int64_t i = 0; i < n; i++)
-    x[i] = (float)((double)(test_rng_u64(&rng) >> 11) * 0x1p-52 - 1.0);
-}
+// Each case's data: rank_data with this test's seed.
+#define DATA_SEED 0xD157000ull
 
 // Every rank's copy of data equals rank 0's, bit for bit.
 static int same_bits_everywhere(Comm *c, const void *data, int64_t bytes) {
@@ -118,10 +84,10 @@ static void check_float_reduce(Comm *c, int64_t n, CommOp op, int id, const char
   memset(ref, 0, sizeof(double) * (size_t)n);
   memset(abs_sum, 0, sizeof(double) * (size_t)n);
   for (int r = 0; r < W; r++) {
-    rank_data(other, n, r, id);
+    rank_data(other, n, r, id, DATA_SEED);
     for (int64_t i = 0; i < n; i++) ref[i] += other[i], abs_sum[i] += fabs(other[i]);
   }
-  rank_data(x, n, c->rank, id);
+  rank_data(x, n, c->rank, id, DATA_SEED);
   Error err;
   must(c, comm_allreduce_floats(c, x, n, op, &err), &err);
   const double u = 1.0 / 16777216.0;

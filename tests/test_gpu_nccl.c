@@ -13,6 +13,7 @@
 //   --skip-rank R   (mpirun, >= 2 GPUs) rank R never joins an all-reduce: the others must end
 //                   the job within the timeout (5 s) with a message naming their rank
 #define _POSIX_C_SOURCE 200809L
+#include "tests/test_dist_util.h"
 #include "tests/test_gpu_util.h"
 
 #if defined(SWIN_HAVE_CUDA) && defined(SWIN_HAVE_NCCL)
@@ -24,41 +25,8 @@
 #define U_FP32 0x1p-24
 #define U_BF16 0x1p-8  // bf16 keeps 8 significant bits
 
-static void must(Comm *c, int rc, const Error *err) {
-  if (rc != 0) comm_abort(c, err->msg);
-}
-
-// A check agreed by every rank; rank 0 prints it.
-static void check_all(Comm *c, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void check_all(Comm *c, int ok, const char *fmt, ...) {
-  double failed = ok ? 0 : 1;
-  Error err;
-  must(c, comm_allreduce_doubles(c, &failed, 1, COMM_MAX, &err), &err);
-  char text[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  if (c->rank == 0)
-    test_check(failed == 0, "%s", text);
-  else if (failed)
-    test_stats.failed++;
-  else
-    test_stats.passed++;
-}
-
-static double max_over_ranks(Comm *c, double v) {
-  Error err;
-  must(c, comm_allreduce_doubles(c, &v, 1, COMM_MAX, &err), &err);
-  return v;
-}
-
-// Rank r's data for case id, uniform in [-1, 1) with full 24-bit mantissas (drawn in double).
-static void rank_data(float *x, int64_t n, int r, int id) {
-  TestRng rng = {.state = 0x6C1000ull + 7919ull * (uint64_t)r + 104729ull * (uint64_t)id};
-  for (int64_t i = 0; i < n; i++)
-    x[i] = (float)((double)(test_rng_u64(&rng) >> 11) * 0x1p-52 - 1.0);
-}
+// Each case's data: rank_data with this test's seed.
+#define DATA_SEED 0x6C1000ull
 
 // Round to nearest even bf16, as __float2bfloat16_rn does for finite values.
 static float bf16_round(float x) {
@@ -106,7 +74,7 @@ static void check_reduce(Comm *c, NcclComm *nc, cudaStream_t stream, int64_t n, 
   double *want = malloc(sizeof(double) * (size_t)n), *abs_sum = malloc(sizeof(double) * (size_t)n);
   for (int64_t i = 0; i < n; i++) want[i] = op == COMM_MAX ? -INFINITY : 0, abs_sum[i] = 0;
   for (int r = 0; r < W; r++) {
-    rank_data(other, n, r, id);
+    rank_data(other, n, r, id, DATA_SEED);
     for (int64_t i = 0; i < n; i++) {
       want[i] = op == COMM_MAX ? fmax(want[i], other[i]) : want[i] + other[i];
       abs_sum[i] += fabs(other[i]);
@@ -114,7 +82,7 @@ static void check_reduce(Comm *c, NcclComm *nc, cudaStream_t stream, int64_t n, 
   }
   if (op == COMM_AVG)
     for (int64_t i = 0; i < n; i++) want[i] /= W;
-  rank_data(x, n, c->rank, id);
+  rank_data(x, n, c->rank, id, DATA_SEED);
   // One float past a 16-byte boundary: buckets start wherever a tensor starts.
   float *base = gpu_alloc(sizeof(float) * (size_t)(n + 1)), *d = base + 1;
   CUDA_CHECK(cudaMemcpy(d, x, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
@@ -162,7 +130,7 @@ static void test_event_ordering(Comm *c, NcclComm *nc, cudaStream_t comm_stream)
   const int64_t n = 100003;
   float *host, *got = test_alloc_floats(n);
   CUDA_CHECK(cudaMallocHost((void **)&host, sizeof(float) * (size_t)n));  // async copies
-  rank_data(host, n, c->rank, 90);
+  rank_data(host, n, c->rank, 90, DATA_SEED);
   float *d = gpu_alloc(sizeof(float) * (size_t)n);
   gpu_poison(d, n);
   cudaStream_t compute;
@@ -181,7 +149,7 @@ static void test_event_ordering(Comm *c, NcclComm *nc, cudaStream_t comm_stream)
   double sum_want = 0, sum_got = 0;
   float *other = test_alloc_floats(n);
   for (int r = 0; r < c->world; r++) {
-    rank_data(other, n, r, 90);
+    rank_data(other, n, r, 90, DATA_SEED);
     for (int64_t i = 0; i < n; i++) sum_want += other[i];
   }
   for (int64_t i = 0; i < n; i++) sum_got += got[i];
