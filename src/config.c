@@ -505,6 +505,18 @@ static bool parse_bool(const char *s, bool *out) {
   return false;
 }
 
+// Whether text holds a '"' followed (after optional blanks) by '#' or ';'. Written in quotes,
+// such a value would read back cut at that quote: file_value takes the first quote followed by
+// a comment as the closing one.
+static bool quote_before_comment(const char *text) {
+  for (const char *q = strchr(text, '"'); q; q = strchr(q + 1, '"')) {
+    const char *rest = q + 1;
+    while (isspace((unsigned char)*rest)) rest++;
+    if (*rest == '#' || *rest == ';') return true;
+  }
+  return false;
+}
+
 // Parses text as key k's value into cfg. On failure cfg is untouched, -1 is returned and note
 // may hold a detail beyond what the key expects (a reason, a count).
 static int key_parse(const ConfigKey *k, const char *text, Config *cfg, char *note) {
@@ -519,6 +531,12 @@ static int key_parse(const ConfigKey *k, const char *text, Config *cfg, char *no
       }
       if (strpbrk(text, "\r\n")) {
         snprintf(note, NOTE_MAX, "it contains a line break");
+        return -1;
+      }
+      if (quote_before_comment(text)) {
+        snprintf(note, NOTE_MAX,
+                 "a '\"' followed by '#' or ';' cannot be written back into a config file "
+                 "(checkpoints store theirs that way)");
         return -1;
       }
       memset(dst, 0, (size_t)k->capacity);

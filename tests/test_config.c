@@ -376,6 +376,11 @@ static void test_override_errors(void) {
               "command line: bad value 'tpu' for key 'device'", "auto, cpu, cuda");
   CHECK_ERROR("override without a key", config_apply_override(&c, "=5", &err), &err,
               "command line:", "no key");
+  // Found by fuzz_config: written back in quotes, this value would read back as '('.
+  CHECK_ERROR("override with a quote before a comment character",
+              config_apply_override(&c, "run_dir=(\"  # S", &err), &err,
+              "command line: bad value '(\"  # S' for key 'run_dir'",
+              "a '\"' followed by '#' or ';' cannot be written back");
   const char *diff = config_diff(&c, &before);
   test_check(!diff, "failed overrides change nothing (first difference: %s)", diff ? diff : "none");
 }
