@@ -5,7 +5,7 @@
 // with such a name that holds something else (a BMP, a PSD) is refused, and less decoder code
 // ever sees a file. stb allocates zeroed memory (see STBI_MALLOC below), and before it decodes
 // a file two checks refuse what it mishandles:
-// - the size in the header, against IMAGE_MAX_PIXELS;
+// - the size in the header, against IMAGE_MAX_PIXELS and, for a JPEG, against the file size;
 // - PNG chunk lengths, against the file size: stb sizes its buffer for the compressed data
 //   from the lengths chunks claim, before reading them, so a 91-byte file claiming an 800 MB
 //   chunk made it allocate 800 MB (found by tests/fuzz/fuzz_decode.c): many such files in a
@@ -129,6 +129,16 @@ uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *
   if ((int64_t)*w * *h > IMAGE_MAX_PIXELS) {
     snprintf(why, why_size, "the image is %dx%d, over the limit of %lld pixels", *w, *h,
              (long long)IMAGE_MAX_PIXELS);
+    return NULL;
+  }
+  // Every 8x8 block of a JPEG codes at least its DC term, a Huffman code of at least one bit,
+  // so a valid file holds at least w * h / 512 bytes. stb decodes a shorter (truncated) one
+  // anyway, on zeros past the end: garbage pixels, and seconds of work for a few hundred bytes
+  // that claim 60 megapixels (found by tests/fuzz/fuzz_decode.c).
+  if (size >= 2 && file[0] == 0xFF && file[1] == 0xD8 && (int64_t)size * 512 < (int64_t)*w * *h) {
+    snprintf(why, why_size,
+             "truncated JPEG: a %dx%d image needs at least %lld bytes, the file has %zu", *w, *h,
+             (long long)((int64_t)*w * *h / 512), size);
     return NULL;
   }
   uint8_t *pixels = stbi_load_from_memory(file, (int)size, w, h, &file_chans, chans);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/image.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "src/rng.h"
@@ -1291,6 +1292,42 @@ static void measure_fashion_throughput(void) {
   dataset_close(ds);
 }
 
+// image_decode refuses what stb mishandles, with a reason, on the inputs the fuzzers found
+// (tests/fuzz/corpus/fuzz_decode/regress-*), and still decodes the seed images.
+static void test_image_refusals(void) {
+  struct {
+    const char *file, *want;  // want NULL: decodes
+  } cases[] = {
+      {"regress-jpeg-truncated-62-megapixels",
+       "truncated JPEG: a 4105x15111 image needs at least 121153 bytes, the file has 726"},
+      {"regress-jpeg-truncated-16-megapixels", "truncated JPEG: a 65528x249 image needs"},
+      {"regress-jpeg-huffman-table-over-256-codes", "a Huffman table has more than 256 codes"},
+      {"regress-png-chunk-claims-800mb", "a chunk runs past the end of the file"},
+      {"seed-rgb.jpg", NULL},
+      {"seed-rgba.png", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[512], why[256] = "";
+    snprintf(path, sizeof path, "%s/tests/fuzz/corpus/fuzz_decode/%s", SWIN_SOURCE_DIR,
+             cases[i].file);
+    size_t size;
+    Error err;
+    unsigned char *file = read_file(path, &size, &err);
+    if (!file) {
+      test_check(false, "%s", err.msg);
+      continue;
+    }
+    int h = 0, w = 0;
+    uint8_t *pixels = image_decode(file, size, 3, &h, &w, why, sizeof why);
+    if (cases[i].want)
+      test_check(!pixels && strstr(why, cases[i].want), "%s refused: %s", cases[i].file, why);
+    else
+      test_check(pixels && h > 0 && w > 0, "%s decodes (%dx%d) %s", cases[i].file, w, h, why);
+    if (pixels) image_free(pixels);
+    free(file);
+  }
+}
+
 int main(void) {
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_data_XXXXXX");
   if (!mkdtemp(tmp_root)) {
@@ -1308,6 +1345,7 @@ int main(void) {
   test_loader(&r);
   test_loader_error_path();
   test_skip_bad();
+  test_image_refusals();
   measure_fashion_throughput();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
