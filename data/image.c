@@ -4,12 +4,12 @@
 // Only the decoders of the formats ImageFolder lists (.jpg, .jpeg, .png) are compiled: a file
 // with such a name that holds something else (a BMP, a PSD) is refused, and less decoder code
 // ever sees a file. stb allocates zeroed memory (see STBI_MALLOC below), and before it decodes
-// a file two checks refuse what it mishandles:
+// a file these checks refuse what it mishandles:
 // - the size in the header, against IMAGE_MAX_PIXELS and, for a JPEG, against the file size;
 // - PNG chunk lengths, against the file size: stb sizes its buffer for the compressed data
 //   from the lengths chunks claim, before reading them, so a 91-byte file claiming an 800 MB
 //   chunk made it allocate 800 MB (found by tests/fuzz/fuzz_decode.c): many such files in a
-//   dataset could exhaust the memory of the loader threads;
+//   dataset could exhaust the memory of the loader threads; and an empty first IDAT chunk;
 // - JPEG Huffman tables: stb_image 2.27 (Debian 12's libstb-dev) builds a table from 16 code
 //   counts without checking that they add up to at most 256 symbols, and writes past the
 //   table's arrays when they do not (found by tests/fuzz/fuzz_image.c). Every DHT segment is
@@ -54,10 +54,12 @@ static bool huffman_tables_ok(const uint8_t *p, size_t size, size_t pos, long le
 }
 
 // Walks a JPEG's marker segments and checks every DHT segment (true for a file that is not a
-// JPEG). Like stb it steps over junk
-// between segments (anything up to the next 0xFF) and over the entropy-coded data after each
-// SOS (up to a 0xFF followed by neither 0x00 nor a restart marker); where stb would give up,
-// the walk goes on, so it sees every table stb could ever read.
+// JPEG). Like stb it steps over junk between segments (anything up to the next 0xFF), and over
+// the entropy-coded data after each SOS the way stb's bit reader reads it: a 0xFF, any fill bytes
+// (0xFF) after it, then 0x00 is a stuffed data byte and a restart marker lets the scan go on;
+// anything else ends the scan as the next marker. (An earlier walk took "FF FF 00" for a marker,
+// so stb read a DHT segment past it that the walk never saw: found by tests/fuzz/fuzz_image.c.)
+// Where stb would give up, the walk goes on, so it sees every table stb could ever read.
 static bool jpeg_tables_ok(const uint8_t *p, size_t size) {
   // stb takes a file for a JPEG when it starts with SOI, fill bytes (0xFF) allowed before it.
   size_t pos = 0;
@@ -77,10 +79,19 @@ static bool jpeg_tables_ok(const uint8_t *p, size_t size) {
     size_t len = (size_t)byte_at(p, size, pos) << 8 | byte_at(p, size, pos + 1);
     if (marker == 0xC4 && !huffman_tables_ok(p, size, pos + 2, (long)len - 2)) return false;
     pos += len < 2 ? 2 : len;
-    if (marker != 0xDA) continue;  // SOS: skip the scan's entropy-coded data
-    while (pos + 1 < size &&
-           !(p[pos] == 0xFF && p[pos + 1] != 0 && !(p[pos + 1] >= 0xD0 && p[pos + 1] <= 0xD7)))
-      pos++;
+    if (marker != 0xDA) continue;
+    // SOS: the scan's entropy-coded data, up to the 0xFF that starts the next marker.
+    while (pos < size) {
+      if (p[pos] != 0xFF) {
+        pos++;
+        continue;
+      }
+      size_t next = pos + 1;
+      while (next < size && p[next] == 0xFF) next++;
+      if (next >= size) return true;
+      if (p[next] != 0x00 && !(p[next] >= 0xD0 && p[next] <= 0xD7)) break;
+      pos = next + 1;
+    }
   }
   return true;
 }
@@ -89,20 +100,28 @@ static uint32_t read_be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-// Every chunk of a PNG (length, type, data, CRC) must lie inside the file (true for a file that
-// is not a PNG, and for one that ends early between chunks: stb refuses those itself).
-static bool png_chunks_ok(const uint8_t *p, size_t size) {
+// What stb mishandles in a PNG's chunk list, or NULL (also for a file that is not a PNG, and
+// for one that ends early between chunks: stb refuses those itself):
+// - a chunk (length, type, data, CRC) that runs past the end of the file;
+// - an empty IDAT chunk before any image data: stb then adds the offset 0 to its still NULL data
+//   buffer, undefined behaviour (found by tests/fuzz/fuzz_image.c). No encoder writes one.
+static const char *png_chunks_problem(const uint8_t *p, size_t size) {
   static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  if (size < 8 || memcmp(p, signature, 8) != 0) return true;
+  if (size < 8 || memcmp(p, signature, 8) != 0) return NULL;
   size_t pos = 8;
+  bool have_data = false;
   while (size - pos >= 8) {
     uint32_t len = read_be32(p + pos);
-    if (len > size - pos - 8) return false;
-    if (memcmp(p + pos + 4, "IEND", 4) == 0) return true;
+    if (len > size - pos - 8) return "corrupt PNG: a chunk runs past the end of the file";
+    if (memcmp(p + pos + 4, "IEND", 4) == 0) return NULL;
+    if (memcmp(p + pos + 4, "IDAT", 4) == 0) {
+      if (len == 0 && !have_data) return "corrupt PNG: an empty IDAT chunk before the image data";
+      have_data = true;
+    }
     pos += 8 + (size_t)len;
     pos += size - pos < 4 ? size - pos : 4;  // the CRC
   }
-  return true;
+  return NULL;
 }
 
 uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
@@ -117,8 +136,9 @@ uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *
     snprintf(why, why_size, "corrupt JPEG: a Huffman table has more than 256 codes");
     return NULL;
   }
-  if (!png_chunks_ok(file, size)) {
-    snprintf(why, why_size, "corrupt PNG: a chunk runs past the end of the file");
+  const char *png_problem = png_chunks_problem(file, size);
+  if (png_problem) {
+    snprintf(why, why_size, "%s", png_problem);
     return NULL;
   }
   if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {

@@ -5,10 +5,9 @@
 # (the committed corpus is only read); a crash, leak, timeout or broken promise leaves its input
 # in BUILD_DIR/fuzz-findings/ and fails the script. Copy such an input into
 # tests/fuzz/corpus/fuzz_<name>/ once it is fixed: ctest replays it from then on.
-# SWIN_FUZZ_SEED (default 1) fixes libFuzzer's random seed, so that CI repeats the same
-# exploration from the committed corpus instead of turning red on whatever a fresh seed meets
-# first; SWIN_FUZZ_SEED=0 draws a new seed per run (for exploring: run it long, then commit the
-# fixes and the findings).
+# SWIN_FUZZ_SEED (default 1) fixes libFuzzer's random seed; the exploration still varies from
+# run to run (tests/fuzz/README.md), so SWIN_FUZZ_SEED=0, a new seed per run, run long, is how
+# to look for findings before CI does; commit the fixes and the inputs.
 set -uo pipefail
 build=$1
 seconds=${2:-60}

@@ -1303,6 +1303,8 @@ static void test_image_refusals(void) {
       {"regress-jpeg-truncated-16-megapixels", "truncated JPEG: a 65528x249 image needs"},
       {"regress-jpeg-huffman-table-over-256-codes", "a Huffman table has more than 256 codes"},
       {"regress-png-chunk-claims-800mb", "a chunk runs past the end of the file"},
+      {"regress-png-empty-first-idat", "an empty IDAT chunk before the image data"},
+      {"regress-jpeg-huffman-table-after-fill-stuffing", "a Huffman table has more than 256 codes"},
       {"seed-rgb.jpg", NULL},
       {"seed-rgba.png", NULL},
   };
