@@ -17,6 +17,7 @@
 #include "data/image.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,17 @@ static bool huffman_tables_ok(const uint8_t *p, size_t size, size_t pos, long le
   return true;
 }
 
+// Whether stb takes the file for a JPEG: SOI, with any fill bytes (0xFF) before it. Returns the
+// position after SOI, or 0.
+static size_t jpeg_start(const uint8_t *p, size_t size) {
+  size_t pos = 0;
+  while (pos < size && p[pos] == 0xFF) pos++;
+  return pos == 0 || pos >= size || p[pos] != 0xD8 ? 0 : pos + 1;
+}
+static bool is_jpeg(const uint8_t *p, size_t size) {
+  return jpeg_start(p, size) != 0;
+}
+
 // Walks a JPEG's marker segments and checks every DHT segment (true for a file that is not a
 // JPEG). Like stb it steps over junk between segments (anything up to the next 0xFF), and over
 // the entropy-coded data after each SOS the way stb's bit reader reads it: a 0xFF, any fill bytes
@@ -61,11 +73,8 @@ static bool huffman_tables_ok(const uint8_t *p, size_t size, size_t pos, long le
 // so stb read a DHT segment past it that the walk never saw: found by tests/fuzz/fuzz_image.c.)
 // Where stb would give up, the walk goes on, so it sees every table stb could ever read.
 static bool jpeg_tables_ok(const uint8_t *p, size_t size) {
-  // stb takes a file for a JPEG when it starts with SOI, fill bytes (0xFF) allowed before it.
-  size_t pos = 0;
-  while (pos < size && p[pos] == 0xFF) pos++;
-  if (pos == 0 || pos >= size || p[pos] != 0xD8) return true;  // not a JPEG
-  pos++;
+  size_t pos = jpeg_start(p, size);
+  if (pos == 0) return true;  // not a JPEG
   while (pos + 1 < size) {
     if (p[pos] != 0xFF) {
       pos++;
@@ -100,28 +109,56 @@ static uint32_t read_be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-// What stb mishandles in a PNG's chunk list, or NULL (also for a file that is not a PNG, and
-// for one that ends early between chunks: stb refuses those itself):
+// Deflate codes at most 258 bytes in a 1-bit literal/length code plus a 1-bit distance code
+// (RFC 1951), so compressed data is never under 1/1032 of what it inflates to.
+#define DEFLATE_MAX_RATIO 1032
+
+// Whether a PNG's chunk list is one stb handles well (true also for a file that is not a PNG,
+// and for one that ends early between chunks: stb refuses those itself); else why in why. Refused:
 // - a chunk (length, type, data, CRC) that runs past the end of the file;
 // - an empty IDAT chunk before any image data: stb then adds the offset 0 to its still NULL data
-//   buffer, undefined behaviour (found by tests/fuzz/fuzz_image.c). No encoder writes one.
-static const char *png_chunks_problem(const uint8_t *p, size_t size) {
+//   buffer, undefined behaviour (found by tests/fuzz/fuzz_image.c). No encoder writes one;
+// - less compressed data than the pixels the header claims could inflate from: stb allocates
+//   the whole image first, so 88 bytes claiming 4x16711684 RGBA pixels made it allocate 267 MB
+//   before failing (found by tests/fuzz/fuzz_decode.c under MemorySanitizer, as a slow input).
+static bool png_chunks_ok(const uint8_t *p, size_t size, char *why, size_t why_size) {
   static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  if (size < 8 || memcmp(p, signature, 8) != 0) return NULL;
+  if (size < 8 || memcmp(p, signature, 8) != 0) return true;
   size_t pos = 8;
-  bool have_data = false;
+  double pixel_bytes = 0, data_bytes = 0;  // as the header claims; in the IDAT chunks
+  uint32_t w = 0, h = 0;
   while (size - pos >= 8) {
     uint32_t len = read_be32(p + pos);
-    if (len > size - pos - 8) return "corrupt PNG: a chunk runs past the end of the file";
-    if (memcmp(p + pos + 4, "IEND", 4) == 0) return NULL;
-    if (memcmp(p + pos + 4, "IDAT", 4) == 0) {
-      if (len == 0 && !have_data) return "corrupt PNG: an empty IDAT chunk before the image data";
-      have_data = true;
+    const uint8_t *type = p + pos + 4, *data = p + pos + 8;
+    if (len > size - pos - 8) {
+      snprintf(why, why_size, "corrupt PNG: a chunk runs past the end of the file");
+      return false;
+    }
+    if (memcmp(type, "IEND", 4) == 0) break;
+    if (memcmp(type, "IHDR", 4) == 0 && len >= 13) {
+      static const int channels[7] = {1, 0, 3, 1, 2, 0, 4};  // by colour type; 0: invalid
+      w = read_be32(data), h = read_be32(data + 4);
+      int depth = data[8], color = data[9] < 7 ? channels[data[9]] : 0;
+      pixel_bytes = (double)w * h * depth * color / 8;
+    }
+    if (memcmp(type, "IDAT", 4) == 0) {
+      if (len == 0 && data_bytes == 0) {
+        snprintf(why, why_size, "corrupt PNG: an empty IDAT chunk before the image data");
+        return false;
+      }
+      data_bytes += len;
     }
     pos += 8 + (size_t)len;
     pos += size - pos < 4 ? size - pos : 4;  // the CRC
   }
-  return NULL;
+  if (data_bytes * DEFLATE_MAX_RATIO < pixel_bytes) {
+    snprintf(why, why_size,
+             "truncated PNG: a %ux%u image needs at least %.0f bytes of compressed data, the "
+             "file has %.0f",
+             w, h, ceil(pixel_bytes / DEFLATE_MAX_RATIO), data_bytes);
+    return false;
+  }
+  return true;
 }
 
 uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
@@ -136,11 +173,7 @@ uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *
     snprintf(why, why_size, "corrupt JPEG: a Huffman table has more than 256 codes");
     return NULL;
   }
-  const char *png_problem = png_chunks_problem(file, size);
-  if (png_problem) {
-    snprintf(why, why_size, "%s", png_problem);
-    return NULL;
-  }
+  if (!png_chunks_ok(file, size, why, why_size)) return NULL;
   if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {
     const char *reason = stbi_failure_reason();
     snprintf(why, why_size, "%s", reason ? reason : "not a JPEG or PNG image");
@@ -154,8 +187,9 @@ uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *
   // Every 8x8 block of a JPEG codes at least its DC term, a Huffman code of at least one bit,
   // so a valid file holds at least w * h / 512 bytes. stb decodes a shorter (truncated) one
   // anyway, on zeros past the end: garbage pixels, and seconds of work for a few hundred bytes
-  // that claim 60 megapixels (found by tests/fuzz/fuzz_decode.c).
-  if (size >= 2 && file[0] == 0xFF && file[1] == 0xD8 && (int64_t)size * 512 < (int64_t)*w * *h) {
+  // that claim 60 megapixels (found by tests/fuzz/fuzz_decode.c; again behind a fill byte
+  // before SOI, which the first check missed).
+  if (is_jpeg(file, size) && (int64_t)size * 512 < (int64_t)*w * *h) {
     snprintf(why, why_size,
              "truncated JPEG: a %dx%d image needs at least %lld bytes, the file has %zu", *w, *h,
              (long long)((int64_t)*w * *h / 512), size);

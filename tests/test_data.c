@@ -1305,6 +1305,10 @@ static void test_image_refusals(void) {
       {"regress-png-chunk-claims-800mb", "a chunk runs past the end of the file"},
       {"regress-png-empty-first-idat", "an empty IDAT chunk before the image data"},
       {"regress-jpeg-huffman-table-after-fill-stuffing", "a Huffman table has more than 256 codes"},
+      {"regress-jpeg-truncated-behind-fill-byte", "truncated JPEG: a 4105x15111 image needs"},
+      {"regress-png-88-bytes-claim-267mb",
+       "truncated PNG: a 4x16711684 image needs at least 259096 bytes of compressed data, the "
+       "file has 31"},
       {"seed-rgb.jpg", NULL},
       {"seed-rgba.png", NULL},
   };
