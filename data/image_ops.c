@@ -85,39 +85,57 @@ static uint8_t clip_fixed(int32_t ss) {
   return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+// One row of the horizontal pass: win_w outputs of C channels from source row s. Inlined with
+// C a constant (1 and 3, the loader's cases), so the channel loop unrolls into registers.
+static inline void resize_row(const uint8_t *s, const Taps *tx, int win_w, int C, uint8_t *t) {
+  for (int o = 0; o < win_w; o++) {
+    const int32_t *k = tx->k + (size_t)o * tx->ksize;
+    const uint8_t *p = s + (size_t)tx->first[o] * C;
+    int32_t ss[4] = {0};
+    for (int j = 0; j < tx->count[o]; j++)
+      for (int c = 0; c < C; c++) ss[c] += p[(size_t)j * C + c] * k[j];
+    for (int c = 0; c < C; c++)
+      t[(size_t)o * C + c] = clip_fixed(ss[c] + (1 << (PRECISION_BITS - 1)));
+  }
+}
+
 void image_resize(ImageView src, int out_h, int out_w, int win_top, int win_left, int win_h,
                   int win_w, Interp interp, uint8_t *dst) {
   int C = src.chans;
   Taps ty = taps_make(src.h, out_h, win_top, win_h, interp);
   Taps tx = taps_make(src.w, out_w, win_left, win_w, interp);
   // Horizontal pass into uint8 rows (Pillow rounds the intermediate image), over only the source
-  // rows the vertical taps read.
+  // rows the vertical taps read. The sums are exact int32 sums (Pillow's), so summing in another
+  // order gives the same bytes.
   int row0 = ty.first[0], row1 = ty.first[win_h - 1] + ty.count[win_h - 1];
   size_t tmp_row = (size_t)win_w * C;
   uint8_t *tmp = malloc_check((size_t)(row1 - row0) * tmp_row + 1);
   for (int y = row0; y < row1; y++) {
     const uint8_t *s = src.px + (int64_t)y * src.stride;
     uint8_t *t = tmp + (size_t)(y - row0) * tmp_row;
-    for (int o = 0; o < win_w; o++) {
-      const int32_t *k = tx.k + (size_t)o * tx.ksize;
-      const uint8_t *p = s + (size_t)tx.first[o] * C;
-      for (int c = 0; c < C; c++) {
-        int32_t ss = 1 << (PRECISION_BITS - 1);
-        for (int j = 0; j < tx.count[o]; j++) ss += p[(size_t)j * C + c] * k[j];
-        t[(size_t)o * C + c] = clip_fixed(ss);
-      }
-    }
+    if (C == 3)
+      resize_row(s, &tx, win_w, 3, t);
+    else if (C == 1)
+      resize_row(s, &tx, win_w, 1, t);
+    else
+      resize_row(s, &tx, win_w, C, t);  // 2 or 4 (model.in_chans is at most 4)
   }
+  // Vertical pass, a row of sums at a time: tap j adds row j times k[j] to every sum (contiguous
+  // int32 lanes the compiler vectorizes).
+  int32_t *acc = malloc_check(sizeof(int32_t) * tmp_row);
   for (int o = 0; o < win_h; o++) {
     const int32_t *k = ty.k + (size_t)o * ty.ksize;
     const uint8_t *t = tmp + (size_t)(ty.first[o] - row0) * tmp_row;
     uint8_t *d = dst + (size_t)o * tmp_row;
-    for (size_t i = 0; i < tmp_row; i++) {
-      int32_t ss = 1 << (PRECISION_BITS - 1);
-      for (int j = 0; j < ty.count[o]; j++) ss += t[(size_t)j * tmp_row + i] * k[j];
-      d[i] = clip_fixed(ss);
+    for (size_t i = 0; i < tmp_row; i++) acc[i] = 1 << (PRECISION_BITS - 1);
+    for (int j = 0; j < ty.count[o]; j++) {
+      const uint8_t *row = t + (size_t)j * tmp_row;
+      int32_t kj = k[j];
+      for (size_t i = 0; i < tmp_row; i++) acc[i] += row[i] * kj;
     }
+    for (size_t i = 0; i < tmp_row; i++) d[i] = clip_fixed(acc[i]);
   }
+  free(acc);
   free(tmp);
   taps_free(&ty);
   taps_free(&tx);
@@ -143,17 +161,18 @@ static double cubic(double v1, double v2, double v3, double v4, double d) {
   return p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-// bilinear_filter8 / bilinear_filter32RGB at source point (xin, yin), inside the image.
-static void sample_bilinear(ImageView s, double xin, double yin, uint8_t *out) {
+// bilinear_filter8 / bilinear_filter32RGB at source point (xin, yin), inside the image. Inlined
+// with C a constant (image_affine's cases), so the channel loops unroll.
+static inline void sample_bilinear(ImageView s, int C, double xin, double yin, uint8_t *out) {
   xin -= 0.5;
   yin -= 0.5;
   int x = pil_floor(xin), y = pil_floor(yin);
   double dx = xin - x, dy = yin - y;
-  int x0 = clamp_index(x, s.w) * s.chans, x1 = clamp_index(x + 1, s.w) * s.chans;
+  int x0 = clamp_index(x, s.w) * C, x1 = clamp_index(x + 1, s.w) * C;
   const uint8_t *r0 = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
   bool has_r1 = y + 1 >= 0 && y + 1 < s.h;
   const uint8_t *r1 = s.px + (int64_t)(has_r1 ? y + 1 : 0) * s.stride;
-  for (int c = 0; c < s.chans; c++) {
+  for (int c = 0; c < C; c++) {
     double v1 = r0[x0 + c] + (r0[x1 + c] - r0[x0 + c]) * dx;
     double v2 = has_r1 ? r1[x0 + c] + (r1[x1 + c] - r1[x0 + c]) * dx : v1;
     v1 = v1 + (v2 - v1) * dy;
@@ -163,8 +182,8 @@ static void sample_bilinear(ImageView s, double xin, double yin, uint8_t *out) {
 
 // bicubic_filter8 / bicubic_filter32RGB: rows past the first that fall outside the image repeat
 // the previous row's value (Pillow's edge rule), which is the same as reading the previous row
-// again; columns are clamped.
-static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
+// again; columns are clamped. Inlined with C a constant.
+static inline void sample_bicubic(ImageView s, int C, double xin, double yin, uint8_t *out) {
   xin -= 0.5;
   yin -= 0.5;
   int x = pil_floor(xin), y = pil_floor(yin);
@@ -173,16 +192,22 @@ static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
   y--;
   int xs[4];
   const uint8_t *rows[4];
-  for (int i = 0; i < 4; i++) xs[i] = clamp_index(x + i, s.w) * s.chans;
-  rows[0] = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
-  for (int r = 1; r < 4; r++)
-    rows[r] = y + r >= 0 && y + r < s.h ? s.px + (int64_t)(y + r) * s.stride : rows[r - 1];
+  if (x >= 0 && x + 3 < s.w && y >= 0 && y + 3 < s.h) {  // all 16 taps inside: no edge rules
+    for (int i = 0; i < 4; i++) {
+      xs[i] = (x + i) * C;
+      rows[i] = s.px + (int64_t)(y + i) * s.stride;
+    }
+  } else {
+    for (int i = 0; i < 4; i++) xs[i] = clamp_index(x + i, s.w) * C;
+    rows[0] = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
+    for (int r = 1; r < 4; r++)
+      rows[r] = y + r >= 0 && y + r < s.h ? s.px + (int64_t)(y + r) * s.stride : rows[r - 1];
+  }
   // The row cubics of all channels are independent: their coefficients (exact small integers)
   // go in lanes k = 4c + r and the Horner steps run over the lanes, which the compiler
   // vectorizes; each lane's operations and their order are the macro's.
   double p1[16], p2[16], p3[16], p4[16], v[16];
-  int lanes = 4 * s.chans;
-  for (int c = 0; c < s.chans; c++) {
+  for (int c = 0; c < C; c++) {
     for (int r = 0; r < 4; r++) {
       const uint8_t *in = rows[r] + c;
       int a = in[xs[0]], b = in[xs[1]], e = in[xs[2]], f = in[xs[3]], k = 4 * c + r;
@@ -192,17 +217,17 @@ static void sample_bicubic(ImageView s, double xin, double yin, uint8_t *out) {
       p4[k] = -a + b - e + f;
     }
   }
-  for (int k = 0; k < lanes; k++) v[k] = p1[k] + dx * (p2[k] + dx * (p3[k] + dx * p4[k]));
-  for (int c = 0; c < s.chans; c++) {
+  for (int k = 0; k < 4 * C; k++) v[k] = p1[k] + dx * (p2[k] + dx * (p3[k] + dx * p4[k]));
+  for (int c = 0; c < C; c++) {
     const double *w = v + 4 * c;
     double v1 = cubic(w[0], w[1], w[2], w[3], dy);
     out[c] = v1 <= 0.0 ? 0 : v1 >= 255.0 ? 255 : (uint8_t)v1;
   }
 }
 
-void image_affine(ImageView src, const double a[6], Interp interp, const uint8_t *fill,
-                  uint8_t *dst) {
-  int C = src.chans;
+// image_affine for C channels and one interpolation; inlined with both constant.
+static inline void affine_pass(ImageView src, int C, const double a[6], bool bicubic,
+                               const uint8_t *fill, uint8_t *dst) {
   for (int y = 0; y < src.h; y++) {
     for (int x = 0; x < src.w; x++) {
       double xo = x + 0.5, yo = y + 0.5;
@@ -210,14 +235,29 @@ void image_affine(ImageView src, const double a[6], Interp interp, const uint8_t
       double yin = a[3] * xo + a[4] * yo + a[5];
       uint8_t *out = dst + ((size_t)y * src.w + x) * C;
       if (xin < 0.0 || xin >= src.w || yin < 0.0 || yin >= src.h) {
-        memcpy(out, fill, (size_t)C);
-      } else if (interp == INTERP_BICUBIC) {
-        sample_bicubic(src, xin, yin, out);
+        for (int c = 0; c < C; c++) out[c] = fill[c];
+      } else if (bicubic) {
+        sample_bicubic(src, C, xin, yin, out);
       } else {
-        sample_bilinear(src, xin, yin, out);
+        sample_bilinear(src, C, xin, yin, out);
       }
     }
   }
+}
+
+void image_affine(ImageView src, const double a[6], Interp interp, const uint8_t *fill,
+                  uint8_t *dst) {
+  bool bicubic = interp == INTERP_BICUBIC;
+  if (src.chans == 3 && bicubic)
+    affine_pass(src, 3, a, true, fill, dst);
+  else if (src.chans == 3)
+    affine_pass(src, 3, a, false, fill, dst);
+  else if (src.chans == 1 && bicubic)
+    affine_pass(src, 1, a, true, fill, dst);
+  else if (src.chans == 1)
+    affine_pass(src, 1, a, false, fill, dst);
+  else
+    affine_pass(src, src.chans, a, bicubic, fill, dst);  // 2 or 4 (model.in_chans <= 4)
 }
 
 // Python's round(v, 15): the decimal rounding of the exact binary value, read back.
