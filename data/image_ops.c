@@ -9,6 +9,10 @@
 
 #include "src/util.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 // ---- resize (Pillow Resample.c) ----
 
 #define PRECISION_BITS (32 - 8 - 2)
@@ -225,6 +229,88 @@ static inline void sample_bicubic(ImageView s, int C, double xin, double yin, ui
   }
 }
 
+#if defined(__AVX2__)
+// The samplers above for 3 channels, with AVX2 lanes holding the channels (R, G, B and one
+// unused lane): a 4-byte load per source pixel, exact int32 arithmetic for the coefficients,
+// and double operations in the same order as the scalar code, so the bytes are the same. Only
+// where every tap and the one byte past the last tap's pixel lie inside the image (the caller
+// falls back to the scalar sampler elsewhere); returns whether it sampled.
+static inline __m128i load_rgb_epi32(const uint8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+}
+static inline __m256d load_rgb_pd(const uint8_t *p) {
+  return _mm256_cvtepi32_pd(load_rgb_epi32(p));
+}
+
+static inline void store_rgb(__m256d v, uint8_t *out) {
+  v = _mm256_min_pd(_mm256_max_pd(v, _mm256_setzero_pd()), _mm256_set1_pd(255.0));
+  __m128i i = _mm256_cvttpd_epi32(v);  // truncation, as the scalar cast (v in [0, 255])
+  i = _mm_packus_epi16(_mm_packus_epi32(i, i), i);
+  int32_t bytes = _mm_cvtsi128_si32(i);
+  memcpy(out, &bytes, 3);
+}
+
+// Whether the 4-byte loads of pixels x..x+last in rows y..y+rows-1 stay inside the image.
+static inline bool rgb_taps_inside(ImageView s, int x, int y, int last, int rows) {
+  return x >= 0 && y >= 0 && x + last < s.w && y + rows - 1 < s.h &&
+         (x + last + 1 < s.w || y + rows < s.h);
+}
+
+static inline bool sample_bicubic_rgb(ImageView s, double xin, double yin, uint8_t *out) {
+  xin -= 0.5;
+  yin -= 0.5;
+  int x = pil_floor(xin), y = pil_floor(yin);
+  double dx = xin - x, dy = yin - y;
+  x--;
+  y--;
+  if (!rgb_taps_inside(s, x, y, 3, 4)) return false;
+  __m256d vdx = _mm256_set1_pd(dx), w[4];
+  for (int r = 0; r < 4; r++) {
+    const uint8_t *in = s.px + (int64_t)(y + r) * s.stride + (int64_t)x * 3;
+    __m128i a = load_rgb_epi32(in), b = load_rgb_epi32(in + 3);
+    __m128i e = load_rgb_epi32(in + 6), f = load_rgb_epi32(in + 9);
+    __m128i p2 = _mm_sub_epi32(e, a);  // -a + e
+    __m128i p3 = _mm_sub_epi32(_mm_add_epi32(_mm_slli_epi32(_mm_sub_epi32(a, b), 1), e), f);
+    __m128i p4 = _mm_add_epi32(_mm_sub_epi32(_mm_sub_epi32(b, a), e), f);  // -a + b - e + f
+    __m256d v = _mm256_mul_pd(vdx, _mm256_cvtepi32_pd(p4));
+    v = _mm256_mul_pd(vdx, _mm256_add_pd(_mm256_cvtepi32_pd(p3), v));
+    v = _mm256_mul_pd(vdx, _mm256_add_pd(_mm256_cvtepi32_pd(p2), v));
+    w[r] = _mm256_add_pd(_mm256_cvtepi32_pd(b), v);
+  }
+  // cubic(w0, w1, w2, w3, dy), lane by lane, in the scalar function's order.
+  __m256d vdy = _mm256_set1_pd(dy);
+  __m256d p2 = _mm256_sub_pd(w[2], w[0]);  // -w0 + w2
+  __m256d p3 = _mm256_sub_pd(
+      _mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(2.0), _mm256_sub_pd(w[0], w[1])), w[2]), w[3]);
+  __m256d p4 = _mm256_add_pd(_mm256_sub_pd(_mm256_sub_pd(w[1], w[0]), w[2]), w[3]);
+  __m256d v = _mm256_mul_pd(vdy, p4);
+  v = _mm256_mul_pd(vdy, _mm256_add_pd(p3, v));
+  v = _mm256_mul_pd(vdy, _mm256_add_pd(p2, v));
+  store_rgb(_mm256_add_pd(w[1], v), out);
+  return true;
+}
+
+static inline bool sample_bilinear_rgb(ImageView s, double xin, double yin, uint8_t *out) {
+  xin -= 0.5;
+  yin -= 0.5;
+  int x = pil_floor(xin), y = pil_floor(yin);
+  double dx = xin - x, dy = yin - y;
+  if (!rgb_taps_inside(s, x, y, 1, 2)) return false;
+  const uint8_t *r0 = s.px + (int64_t)y * s.stride + (int64_t)x * 3, *r1 = r0 + s.stride;
+  __m256d a0 = load_rgb_pd(r0), b0 = load_rgb_pd(r0 + 3);
+  __m256d a1 = load_rgb_pd(r1), b1 = load_rgb_pd(r1 + 3);
+  __m256d vdx = _mm256_set1_pd(dx);
+  // v = in[x0] + (in[x1] - in[x0]) * dx per row (the difference exact), then the rows by dy.
+  __m256d v1 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_sub_pd(b0, a0), vdx));
+  __m256d v2 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_sub_pd(b1, a1), vdx));
+  v1 = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), _mm256_set1_pd(dy)));
+  store_rgb(v1, out);
+  return true;
+}
+#endif
+
 // image_affine for C channels and one interpolation; inlined with both constant.
 static inline void affine_pass(ImageView src, int C, const double a[6], bool bicubic,
                                const uint8_t *fill, uint8_t *dst) {
@@ -237,8 +323,14 @@ static inline void affine_pass(ImageView src, int C, const double a[6], bool bic
       if (xin < 0.0 || xin >= src.w || yin < 0.0 || yin >= src.h) {
         for (int c = 0; c < C; c++) out[c] = fill[c];
       } else if (bicubic) {
+#if defined(__AVX2__)
+        if (C == 3 && sample_bicubic_rgb(src, xin, yin, out)) continue;
+#endif
         sample_bicubic(src, C, xin, yin, out);
       } else {
+#if defined(__AVX2__)
+        if (C == 3 && sample_bilinear_rgb(src, xin, yin, out)) continue;
+#endif
         sample_bilinear(src, C, xin, yin, out);
       }
     }

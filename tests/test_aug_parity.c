@@ -425,6 +425,47 @@ static void test_resize_random(void) {
              cases, (long long)differ, (long long)bytes);
 }
 
+// image_affine samples 3-channel images with AVX2 lanes for the channels where every tap is
+// inside the image, and with the scalar sampler elsewhere and for 1 channel. Pillow computes
+// each channel on its own, so an RGB result must equal the three channels transformed as gray
+// images (the scalar path) to the byte: random images, sizes and matrices (rotation, shear,
+// translation, scale), both interpolations.
+static void test_affine_channels(void) {
+  TestRng r = {20261202};
+  int cases = 0;
+  int64_t differ = 0, bytes = 0;
+  for (int t = 0; t < 200; t++) {
+    int h = 1 + (int)(test_rng_u64(&r) % 80), w = 1 + (int)(test_rng_u64(&r) % 80);
+    double angle = test_rng_uniform(&r, -3.2f, 3.2f), scale = test_rng_uniform(&r, 0.5f, 2.0f);
+    double a[6] = {scale * cos(angle),
+                   test_rng_uniform(&r, -0.4f, 0.4f) + scale * sin(angle),
+                   test_rng_uniform(&r, -10, 10),
+                   -scale * sin(angle),
+                   scale * cos(angle),
+                   test_rng_uniform(&r, -10, 10)};
+    Interp interp = test_rng_u64(&r) & 1 ? INTERP_BICUBIC : INTERP_BILINEAR;
+    size_t n = (size_t)h * w;
+    uint8_t *rgb = malloc_check(3 * n), *got = malloc_check(3 * n), *plane = malloc_check(n),
+            *plane_out = malloc_check(n);
+    uint8_t fill[3] = {(uint8_t)test_rng_u64(&r), (uint8_t)test_rng_u64(&r),
+                       (uint8_t)test_rng_u64(&r)};
+    for (size_t i = 0; i < 3 * n; i++) rgb[i] = (uint8_t)test_rng_u64(&r);
+    memset(got, 0xA5, 3 * n);
+    image_affine(image_view(rgb, h, w, 3), a, interp, fill, got);
+    for (int c = 0; c < 3; c++) {
+      for (size_t i = 0; i < n; i++) plane[i] = rgb[3 * i + (size_t)c];
+      image_affine(image_view(plane, h, w, 1), a, interp, &fill[c], plane_out);
+      for (size_t i = 0; i < n; i++) differ += got[3 * i + (size_t)c] != plane_out[i];
+    }
+    bytes += (int64_t)(3 * n), cases++;
+    free(rgb), free(got), free(plane), free(plane_out);
+  }
+  test_check(differ == 0,
+             "image_affine RGB vs its channels as gray images: %d random cases (1-80 px sides, "
+             "both interpolations), %lld of %lld bytes differ (tol 0)",
+             cases, (long long)differ, (long long)bytes);
+}
+
 int main(void) {
   const char *path = SWIN_SOURCE_DIR "/tests/fixtures/augment/aug_parity.safetensors";
   SafeTensors st;
@@ -439,6 +480,7 @@ int main(void) {
   test_randaugment(&st);
   test_resize(&st);
   test_resize_random();
+  test_affine_channels();
   test_jitter(&st);
   test_erase(&st);
   test_mix(&st);
