@@ -156,6 +156,19 @@ static int clamp_index(int i, int n) {
   return i < 0 ? 0 : i < n ? i : n - 1;
 }
 
+// A sampler's first tap and its fractions at source point (xin, yin): Pillow moves to pixel
+// centers and floors; the taps start `back` pixels before that (bicubic 1, bilinear 0).
+static inline void tap_origin(double xin, double yin, int back, int *x, int *y, double *dx,
+                              double *dy) {
+  xin -= 0.5;
+  yin -= 0.5;
+  int fx = pil_floor(xin), fy = pil_floor(yin);
+  *dx = xin - fx;
+  *dy = yin - fy;
+  *x = fx - back;
+  *y = fy - back;
+}
+
 // Pillow's BICUBIC macro: the a = -1 cubic through v1..v4 at d in [0, 1).
 static double cubic(double v1, double v2, double v3, double v4, double d) {
   double p1 = v2;
@@ -168,10 +181,9 @@ static double cubic(double v1, double v2, double v3, double v4, double d) {
 // bilinear_filter8 / bilinear_filter32RGB at source point (xin, yin), inside the image. Inlined
 // with C a constant (image_affine's cases), so the channel loops unroll.
 static inline void sample_bilinear(ImageView s, int C, double xin, double yin, uint8_t *out) {
-  xin -= 0.5;
-  yin -= 0.5;
-  int x = pil_floor(xin), y = pil_floor(yin);
-  double dx = xin - x, dy = yin - y;
+  int x, y;
+  double dx, dy;
+  tap_origin(xin, yin, 0, &x, &y, &dx, &dy);
   int x0 = clamp_index(x, s.w) * C, x1 = clamp_index(x + 1, s.w) * C;
   const uint8_t *r0 = s.px + (int64_t)clamp_index(y, s.h) * s.stride;
   bool has_r1 = y + 1 >= 0 && y + 1 < s.h;
@@ -188,12 +200,9 @@ static inline void sample_bilinear(ImageView s, int C, double xin, double yin, u
 // the previous row's value (Pillow's edge rule), which is the same as reading the previous row
 // again; columns are clamped. Inlined with C a constant.
 static inline void sample_bicubic(ImageView s, int C, double xin, double yin, uint8_t *out) {
-  xin -= 0.5;
-  yin -= 0.5;
-  int x = pil_floor(xin), y = pil_floor(yin);
-  double dx = xin - x, dy = yin - y;
-  x--;
-  y--;
+  int x, y;
+  double dx, dy;
+  tap_origin(xin, yin, 1, &x, &y, &dx, &dy);
   int xs[4];
   const uint8_t *rows[4];
   if (x >= 0 && x + 3 < s.w && y >= 0 && y + 3 < s.h) {  // all 16 taps inside: no edge rules
@@ -259,12 +268,9 @@ static inline bool rgb_taps_inside(ImageView s, int x, int y, int last, int rows
 }
 
 static inline bool sample_bicubic_rgb(ImageView s, double xin, double yin, uint8_t *out) {
-  xin -= 0.5;
-  yin -= 0.5;
-  int x = pil_floor(xin), y = pil_floor(yin);
-  double dx = xin - x, dy = yin - y;
-  x--;
-  y--;
+  int x, y;
+  double dx, dy;
+  tap_origin(xin, yin, 1, &x, &y, &dx, &dy);
   if (!rgb_taps_inside(s, x, y, 3, 4)) return false;
   __m256d vdx = _mm256_set1_pd(dx), w[4];
   for (int r = 0; r < 4; r++) {
@@ -293,10 +299,9 @@ static inline bool sample_bicubic_rgb(ImageView s, double xin, double yin, uint8
 }
 
 static inline bool sample_bilinear_rgb(ImageView s, double xin, double yin, uint8_t *out) {
-  xin -= 0.5;
-  yin -= 0.5;
-  int x = pil_floor(xin), y = pil_floor(yin);
-  double dx = xin - x, dy = yin - y;
+  int x, y;
+  double dx, dy;
+  tap_origin(xin, yin, 0, &x, &y, &dx, &dy);
   if (!rgb_taps_inside(s, x, y, 1, 2)) return false;
   const uint8_t *r0 = s.px + (int64_t)y * s.stride + (int64_t)x * 3, *r1 = r0 + s.stride;
   __m256d a0 = load_rgb_pd(r0), b0 = load_rgb_pd(r0 + 3);
