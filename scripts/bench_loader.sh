@@ -5,9 +5,11 @@
 #
 #   bash scripts/bench_loader.sh [DATA_DIR=/tmp/bench_jpegs] [WORKERS="1 2 4 8 16"] [BATCHES=40]
 #
-# Needs a built tree (cmake --build build) and, for the PyTorch half and the JPEGs, python3 with
-# torch, torchvision, timm, numpy and Pillow (PYTHON= picks the interpreter). Also times the shards
-# path (scripts/make_shards.py) at the largest worker count.
+# Needs a built tree (cmake --build build; BUILD= names another build directory) and, for the
+# PyTorch half and the JPEGs, python3 with torch, torchvision, timm, numpy and Pillow (PYTHON=
+# picks the interpreter). First prints one thread's time per image by stage
+# (scripts/profile_loader.c); last times the shards path (scripts/make_shards.py) at the largest
+# worker count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-/tmp/bench_jpegs}
@@ -21,8 +23,12 @@ if [ ! -d "$data-shards/train" ]; then
   "$py" scripts/make_shards.py "$data" "$data-shards" --samples-per-shard 500
 fi
 stb=$(dirname "$(find /usr/include .deps -name stb_image.h 2>/dev/null | head -1)")
-gcc -std=c11 -O3 -march=native -fopenmp -I. -I"$stb" scripts/bench_loader.c build/libswincore.a \
-  -lm -lpthread -o /tmp/bench_loader
+lib=${BUILD:-build}/libswincore.a
+for tool in bench_loader profile_loader; do
+  gcc -std=c11 -O3 -march=native -fopenmp -I. -I"$stb" scripts/$tool.c "$lib" -lm -lpthread \
+    -o /tmp/$tool
+done
+/tmp/profile_loader "$data" 300
 echo "# $(nproc) cores, $(find "$data/train" -name "*.jpg" | wc -l) training JPEGs in $data"
 for w in $workers; do
   /tmp/bench_loader "$data" imagefolder "$w" "$batches" full

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: one run on the GPU machine (torch + timm + onnxruntime there, no registry):
 # build swin.c, run ctest, regenerate the timm fixtures and compare them with the committed ones,
-# run the export / ONNX checks, and measure the PyTorch anchor. Prints a short table last.
+# run the export / ONNX checks, measure the loader against PyTorch's DataLoader (the loader bar:
+# scripts/bench_loader.sh) and the PyTorch anchor. Prints a short table last.
 # The stb headers travel in .deps/stb (made by: mkdir -p .deps/stb && cp /usr/include/stb/stb_image*.h .deps/stb/).
 # Usage (repo root): bash scripts/gpu_check.sh [OUT_DIR]
 set -uo pipefail
@@ -22,6 +23,7 @@ step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release 
 step ctest ctest --test-dir build-gpu --output-on-failure -j8
 step fixtures bash -c "python3 scripts/make_fixtures.py --out $out/fixtures && for f in tests/fixtures/*.safetensors; do cmp \$f $out/fixtures/\$(basename \$f) && echo \"same bytes: \$f\"; done"
 step export python3 scripts/check_export.py --build build-gpu --work /tmp/check_export
+step loader env BUILD=build-gpu bash scripts/bench_loader.sh /tmp/bench_jpegs "4 8 16" 40
 step anchor python3 scripts/anchor_pytorch.py swin_tiny_patch4_window7_224 128 bf16 bf16c
 
 echo
@@ -35,4 +37,5 @@ for line in open(sys.argv[1]):
         print(f"anchor {r['mode']:6s} {r['img_s']:8.1f} img/s  {r['ms_per_step']:7.2f} ms/step  peak {r['peak_gib']} GiB")
 PY
 grep -E "tests passed|tests failed" "$out/ctest.log"
+grep -E "img/s" "$out/loader.log"
 printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-10s %-28s %s\n", $1, $2, $3}'
