@@ -128,19 +128,20 @@ typedef struct {
   // drawn on the host (kernels/augment.h); boxes: room for B EraseBox in backend memory.
   void (*batch_augment)(Backend *be, float *images, const BatchAugment *p, EraseBox *boxes, int B,
                         int H, int W, int C);
-  // out (n, act) = GELU(inp (n, act)): the backward recomputes an MLP's hidden layer instead of
-  // keeping it.
-  void (*gelu_forward)(Backend *be, void *out, const void *inp, int64_t n);
   // out (N, OC, act) = act(inp (N, IC, act) weight^T (OC, IC, act) + bias (OC, act) or none);
   // with GELU the pre-activation goes to pre (N, OC, act).
   void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
-  // dinp (N, IC, act) = dout weight, times GELU'(gelu_pre) when gelu_pre is given (the backward
-  // of the GELU that produced this linear's input); dinp NULL skips. dweight (OC, IC, f32) and
-  // dbias (OC, f32, or NULL) accumulated.
+  // dinp (N, IC, act) = dout weight; dinp NULL skips. dweight (OC, IC, f32) and dbias (OC, f32,
+  // or NULL) accumulated.
   void (*linear_backward)(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
-                          const void *inp, const void *weight, int64_t N, int IC, int OC,
-                          const void *gelu_pre);
+                          const void *inp, const void *weight, int64_t N, int IC, int OC);
+  // The backward of linear(GELU(pre)), an MLP's second layer, whose input the forward did not
+  // keep: hidden (N, IC, act) receives GELU(pre (N, IC, act)) (recomputed; the op overwrites
+  // it), dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight and dbias as in linear_backward.
+  void (*gelu_linear_backward)(Backend *be, void *dpre, void *hidden, float *dweight, float *dbias,
+                               const void *dout, const void *pre, const void *weight, int64_t N,
+                               int IC, int OC);
   // kernels/layernorm.h's residual_layernorm_{forward,backward}: x_out, ln_out, x_in, branch,
   // dbranch, dln, x act; dres_in, dres_out f32.
   void (*residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,

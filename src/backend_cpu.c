@@ -148,11 +148,6 @@ static void cpu_batch_augment(Backend *be, float *images, const BatchAugment *p,
   batch_augment_cpu(images, p, B, H, W, C);
 }
 
-static void cpu_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
-  (void)be;
-  gelu_forward_cpu(out, inp, n);
-}
-
 static void cpu_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                                const void *bias, int64_t N, int IC, int OC, Activation act,
                                void *pre) {
@@ -167,10 +162,18 @@ static void cpu_linear_forward(Backend *be, void *out, const void *inp, const vo
 
 static void cpu_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight, int64_t N,
-                                int IC, int OC, const void *gelu_pre) {
+                                int IC, int OC) {
   (void)be;
   linear_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-  if (dinp && gelu_pre) gelu_backward_cpu(dinp, gelu_pre, dinp, N * IC);
+}
+
+static void cpu_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
+                                     float *dbias, const void *dout, const void *pre,
+                                     const void *weight, int64_t N, int IC, int OC) {
+  (void)be;
+  gelu_forward_cpu(hidden, pre, N * IC);
+  linear_backward_cpu(dpre, dweight, dbias, dout, hidden, weight, N, IC, OC);
+  gelu_backward_cpu(dpre, pre, dpre, N * IC);
 }
 
 static void cpu_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
@@ -336,9 +339,9 @@ static const BackendOps cpu_ops = {
     .drop_path_scales = cpu_drop_path_scales,
     .images_normalize = cpu_images_normalize,
     .batch_augment = cpu_batch_augment,
-    .gelu_forward = cpu_gelu_forward,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
+    .gelu_linear_backward = cpu_gelu_linear_backward,
     .residual_layernorm_forward = cpu_residual_layernorm_forward,
     .residual_layernorm_backward = cpu_residual_layernorm_backward,
     .merge_layernorm_forward = cpu_merge_layernorm_forward,

@@ -281,11 +281,6 @@ void cuda_batch_augment(Backend *be, float *images, const BatchAugment *p, Erase
   batch_augment_cuda(images, p, boxes, B, H, W, C, state_of(be)->compute);
 }
 
-void cuda_gelu_forward(Backend *be, void *out, const void *inp, int64_t n) {
-  OpScope scope(be, OP_ELEMENTWISE);
-  gelu_forward_cuda(be->act, out, inp, n, state_of(be)->compute);
-}
-
 void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
   CudaState *st = state_of(be);
@@ -301,19 +296,30 @@ void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *we
 }
 
 void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
-                          const void *inp, const void *weight, int64_t N, int IC, int OC,
-                          const void *gelu_pre) {
+                          const void *inp, const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
   float *scratch = dbias ? scratch_of(be, linear_backward_cuda_scratch(N, OC)) : nullptr;
+  OpScope scope(be, OP_GEMM);
+  linear_backward_cuda(st->gemm, be->act, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
+                       scratch);
+}
+
+// d(hidden) first, then one pass over pre gives both GELU(pre) (the dweight product's input)
+// and dpre; then the parameter gradients.
+void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
+                               float *dbias, const void *dout, const void *pre, const void *weight,
+                               int64_t N, int IC, int OC) {
+  CudaState *st = state_of(be);
   {
     OpScope scope(be, OP_GEMM);
-    linear_backward_cuda(st->gemm, be->act, dinp, dweight, dbias, dout, inp, weight, N, IC, OC,
-                         scratch);
+    linear_backward_cuda(st->gemm, be->act, dpre, nullptr, nullptr, dout, nullptr, weight, N, IC,
+                         OC, nullptr);
   }
-  if (dinp && gelu_pre) {
+  {
     OpScope scope(be, OP_ELEMENTWISE);
-    gelu_backward_cuda(be->act, dinp, gelu_pre, dinp, N * IC, st->compute);
+    gelu_recompute_backward_cuda(be->act, hidden, dpre, pre, dpre, N * IC, st->compute);
   }
+  cuda_linear_backward(be, nullptr, dweight, dbias, dout, hidden, weight, N, IC, OC);
 }
 
 void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
@@ -465,9 +471,9 @@ const BackendOps cuda_ops = {
     .drop_path_scales = cuda_drop_path_scales,
     .images_normalize = cuda_images_normalize,
     .batch_augment = cuda_batch_augment,
-    .gelu_forward = cuda_gelu_forward,
     .linear_forward = cuda_linear_forward,
     .linear_backward = cuda_linear_backward,
+    .gelu_linear_backward = cuda_gelu_linear_backward,
     .residual_layernorm_forward = cuda_residual_layernorm_forward,
     .residual_layernorm_backward = cuda_residual_layernorm_backward,
     .merge_layernorm_forward = cuda_merge_layernorm_forward,

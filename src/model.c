@@ -590,27 +590,26 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
   WindowMap wm = block_windows(g, j);
   const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
 
-  // MLP: fc2 (its dinp through GELU'), fc1, then LN2 + the attention residual; the GELU output
-  // and LN2's output are recomputed from fc1's and LN2's inputs first.
-  ops->gelu_forward(be, x->hidden, a->fc1, BL * g->hidden);
-  ops->linear_backward(be, x->dhidden, gw->fc2_w, gw->fc2_b, x->dbranch, x->hidden,
-                       model_compute_weight(m, w->fc2_w), BL, g->hidden, C, a->fc1);
+  // MLP: fc2 through GELU (its input recomputed from fc1's output), fc1, then LN2 + the
+  // attention residual; LN2's output is recomputed from its input first.
+  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc2_b, x->dbranch, a->fc1,
+                            model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
   ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
                                   NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
   ops->linear_backward(be, x->dln, gw->fc1_w, gw->fc1_b, x->dhidden, x->ln2,
-                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden, NULL);
+                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
   ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm2_w, gw->norm2_b, x->dres,
                                    x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd, &wm,
                                    m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
   // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
   ops->linear_backward(be, x->dattn, gw->proj_w, gw->proj_b, x->dbranch, a->attn_out,
-                       model_compute_weight(m, w->proj_w), BL, C, C, NULL);
+                       model_compute_weight(m, w->proj_w), BL, C, C);
   ops->attention_backward(be, x->dqkv, gw->rel_table, x->dattn, a->qkv, w->rel_table, g->index_be,
                           mask, a->att, BW, g->nW, g->N, C, g->heads);
   ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
                                   w->norm1_w, w->norm1_b, &wm, B, L, C);
   ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, x->xw,
-                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C, NULL);
+                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
 }
 
 // LN1 of block j back through its residual: d(x) = dres + LN1'(dln). For j > 0 that is the
@@ -677,7 +676,7 @@ void model_backward(Model *m, int B) {
     if (g->merge) {
       const StageGeom *p = &m->stages[s - 1];
       ops->linear_backward(be, x->dln, gw->merge_w[s], NULL, x->dbranch, x->merge_ln[s],
-                           model_compute_weight(m, w->merge_w[s]), B * L, 4 * p->C, g->C, NULL);
+                           model_compute_weight(m, w->merge_w[s]), B * L, 4 * p->C, g->C);
       ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
                                     x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
                                     x->merge_rstd[s], B, p->H, p->W, p->C);
@@ -692,8 +691,7 @@ void model_backward(Model *m, int B) {
                                    x->dbranch, x->pe, w->patch_norm_w, x->pe_mean, x->pe_rstd, NULL,
                                    NULL, NULL, B, L0, c->embed_dim);
   ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
-                       model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim,
-                       NULL);
+                       model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim);
   grads_final_from(m, m->grads);
   NVTX_POP();
 }

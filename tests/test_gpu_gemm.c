@@ -1,7 +1,8 @@
 // test_gpu_gemm.c: the CUDA backend's linear layers and classifier head against the CPU backend's,
 // in fp32, bf16 and fp16.
 //   linear_forward: no activation with and without bias, GELU with the pre-activation kept;
-//   linear_backward: dinp (plain, or through GELU' of gelu_pre) or none, dweight, dbias or none;
+//   linear_backward: dinp or none, dweight, dbias or none; gelu_linear_backward: GELU(pre)
+//   recomputed into hidden, dpre through GELU', dweight from hidden, dbias;
 //   head_forward / head_backward (mean pool over tokens + fp32 linear) with K = 10 and 1000.
 // Shapes as in Swin-T's first stage (qkv 96 -> 288, fc2 384 -> 96 over 1568 tokens), a small one,
 // and in fp32 an odd one (37 x 17 -> 10: no dimension a multiple of 4). Parameter gradients
@@ -132,7 +133,7 @@ typedef struct {
 
 static const BackwardMode backward_modes[] = {
     {"dinp, dweight, dbias", true, false, true},
-    {"dinp through GELU', dweight, dbias", true, true, true},
+    {"gelu_linear_backward: hidden = GELU(pre), dpre, dweight, dbias", true, true, true},
     {"no dinp (patch embedding), dweight, dbias", false, false, true},
     {"dinp, dweight, no dbias (patch merging)", true, false, false},
 };
@@ -141,7 +142,7 @@ typedef struct {
   float *dout, *inp, *weight, *gelu_pre, *dweight0, *dbias0;
 } BackwardIn;
 typedef struct {
-  float *dinp, *dweight, *dbias;
+  float *dinp, *dweight, *dbias, *hidden;
 } BackwardOut;
 
 static void backward_on(Backend *be, const LinearShape *s, const BackwardMode *md,
@@ -153,8 +154,15 @@ static void backward_on(Backend *be, const LinearShape *s, const BackwardMode *m
   void *dinp = md->dinp ? be_poisoned_act(be, nin) : NULL;
   float *dweight = be_copy_f32(be, in->dweight0, nw);
   float *dbias = md->dbias ? be_copy_f32(be, in->dbias0, s->OC) : NULL;
-  be->ops->linear_backward(be, dinp, dweight, dbias, dout, inp, weight, s->N, s->IC, s->OC,
-                           gelu_pre);
+  if (md->gelu) {  // the op writes GELU(pre) into hidden; inp is not used
+    void *hidden = be_poisoned_act(be, nin);
+    be->ops->gelu_linear_backward(be, dinp, hidden, dweight, dbias, dout, gelu_pre, weight, s->N,
+                                  s->IC, s->OC);
+    be_read_act(be, o->hidden, hidden, nin);
+    be_free(be, hidden);
+  } else {
+    be->ops->linear_backward(be, dinp, dweight, dbias, dout, inp, weight, s->N, s->IC, s->OC);
+  }
   if (dinp) be_read_act(be, o->dinp, dinp, nin);
   be_read_f32(be, o->dweight, dweight, nw);
   if (dbias) be_read_f32(be, o->dbias, dbias, s->OC);
@@ -183,10 +191,17 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
     o[k].dinp = test_alloc_floats(nin);
     o[k].dweight = test_alloc_floats(nw);
     o[k].dbias = test_alloc_floats(s->OC);
+    o[k].hidden = test_alloc_floats(nin);
     backward_on(k ? &p->gpu : &p->cpu, s, md, &in, &o[k]);
   }
   // dinp: a product over OC rounded to dt (through GELU': rounded, multiplied, rounded again);
-  // dweight: a sum over the N rows into fp32; dbias: fp32 column sums of the same dout.
+  // dweight: a sum over the N rows into fp32 (with GELU, of the recomputed hidden layer, itself
+  // rounded to dt); dbias: fp32 column sums of the same dout. hidden: GELU of the same pre,
+  // rounded once (in bf16/f16 from erff where the CPU uses erfc: ~1e-7 apart).
+  if (md->gelu) {
+    test_compare(ctx, "hidden = GELU(pre)", o[1].hidden, o[0].hidden, nin, tol_stored(dt));
+    test_same_bits(ctx, "hidden, two GPU runs", o[1].hidden, o[2].hidden, nin);
+  }
   if (md->dinp) {
     double tol = unit_roundoff(dt) + gemm_tol_sum(dt, s->OC);
     test_compare(ctx, "dinp", o[1].dinp, o[0].dinp, nin,
@@ -194,7 +209,8 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
     test_same_bits(ctx, "dinp, two GPU runs", o[1].dinp, o[2].dinp, nin);
   }
   test_compare_increment(ctx, "dweight", o[1].dweight, o[0].dweight, in.dweight0, nw,
-                         gemm_tol_sum(dt, s->N));
+                         md->gelu ? gemm_tol_sum(dt, s->N) + tol_stored(dt)
+                                  : gemm_tol_sum(dt, s->N));
   test_same_bits(ctx, "dweight, two GPU runs", o[1].dweight, o[2].dweight, nw);
   if (md->dbias) {
     test_compare_increment(ctx, "dbias", o[1].dbias, o[0].dbias, in.dbias0, s->OC,
@@ -207,6 +223,7 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
     free(o[k].dinp);
     free(o[k].dweight);
     free(o[k].dbias);
+    free(o[k].hidden);
   }
 }
 

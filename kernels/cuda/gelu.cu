@@ -1,11 +1,17 @@
 // gelu.cu: CUDA exact (erf) GELU and its derivative (kernels/gelu.h), elementwise on f32, bf16
 // or f16 tensors with the arithmetic in f32.
 //
-// GELU(x) = x Phi(x), GELU'(x) = Phi(x) + x phi(x), with Phi from CUDA's normcdff (accurate in
-// the far left tail, where 1 + erf would cancel) and phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+// GELU(x) = x Phi(x), GELU'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+// In f32, Phi is CUDA's normcdff (accurate in the far left tail, where 1 + erf cancels) and x^2
+// is carried exactly into the exponential: the reference-grade path. In bf16 and f16, whose
+// results are rounded to 8 or 11 bits, Phi = (1 + erff(x / sqrt 2)) / 2, the formula PyTorch
+// evaluates for these types: its absolute error of ~1e-7 is far below their rounding, and it
+// costs less than half of normcdff (41 against 105 PTX instructions for one GELU), which
+// matters because these kernels were bound by arithmetic, not by memory (kernels/PERF.md).
 // Non-finite inputs follow the formula as on the CPU: GELU(+inf) = +inf, GELU(-inf) = NaN,
 // GELU'(+-inf) = NaN (+-inf * 0 + Phi), NaN gives NaN.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/gelu.h"
@@ -17,9 +23,20 @@ using namespace swin_cuda;
 
 constexpr int kThreadsPerBlock = 256;
 constexpr float kInvSqrt2Pi = 0x1.988454p-2f;  // 1 / sqrt(2 pi)
+constexpr float kInvSqrt2 = 0x1.6a09e6p-1f;  // 1 / sqrt(2)
 
+// Phi(x) for results of type T (see the top of the file).
+template <typename T>
+__device__ __forceinline__ float normal_cdf(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return normcdff(x);
+  else
+    return fmaf(0.5f, erff(x * kInvSqrt2), 0.5f);
+}
+
+template <typename T>
 __device__ __forceinline__ float gelu_value(float x) {
-  return x * normcdff(x);
+  return x * normal_cdf<T>(x);
 }
 
 // x^2 is carried as hi + lo (lo from an fma, exact): fp32 x * x alone is off by up to half an
@@ -27,12 +44,17 @@ __device__ __forceinline__ float gelu_value(float x) {
 // exp(-(hi + lo) / 2) = exp(-hi / 2) (1 - lo / 2) to far below fp32 precision, as |lo| <= 6e-8 hi.
 // |x| is clamped to 16, where exp(-x^2 / 2) has long underflowed to 0, so that x^2 stays finite
 // for huge x (inf - inf would give NaN); x = +-inf still gives inf * 0 = NaN in the final fma.
-__device__ __forceinline__ float gelu_grad(float x) {
-  float a = fminf(fabsf(x), 16.0f);  // NaN becomes 16, but x itself keeps the result NaN
-  float hi = a * a;
-  float lo = fmaf(a, a, -hi);
-  float pdf = expf(-0.5f * hi) * fmaf(-0.5f, lo, 1.0f) * kInvSqrt2Pi;
-  return fmaf(x, pdf, normcdff(x));
+// In bf16 and f16 a plain expf(-x^2 / 2) (relative error <= x^2 * 3e-8) is far below rounding.
+template <typename T>
+__device__ __forceinline__ float normal_pdf(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    float a = fminf(fabsf(x), 16.0f);  // NaN becomes 16, but x itself keeps the result NaN
+    float hi = a * a;
+    float lo = fmaf(a, a, -hi);
+    return expf(-0.5f * hi) * fmaf(-0.5f, lo, 1.0f) * kInvSqrt2Pi;
+  } else {
+    return expf(-0.5f * x * x) * kInvSqrt2Pi;
+  }
 }
 
 // One thread per VEC consecutive elements; the last thread finishes a ragged tail one element at
@@ -45,29 +67,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float x[VEC];
     load_vec<T, VEC>(x, inp + i);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) x[k] = gelu_value(x[k]);
+    for (int k = 0; k < VEC; k++) x[k] = gelu_value<T>(x[k]);
     store_vec<T, VEC>(out + i, x);
   } else {
-    for (; i < n; i++) out[i] = from_float<T>(gelu_value(to_float<T>(inp[i])));
+    for (; i < n; i++) out[i] = from_float<T>(gelu_value<T>(to_float<T>(inp[i])));
   }
 }
 
-// dinp and dout may alias (no __restrict__ on them): each element is read before it is written,
-// by the same thread.
+// The MLP backward's two GELU passes in one: out = GELU(inp) (the forward recomputed) and
+// dinp = dout * GELU'(inp), Phi evaluated once for both. dinp and dout may alias.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    gelu_backward_kernel(T *dinp, const T *__restrict__ inp, const T *dout, int64_t n) {
+    gelu_recompute_backward_kernel(T *__restrict__ out, T *dinp, const T *__restrict__ inp,
+                                   const T *dout, int64_t n) {
   int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  if (i + VEC <= n) {
-    float x[VEC], g[VEC];
+  int64_t end = i + VEC <= n ? i + VEC : n;
+  if (end - i == VEC) {
+    float x[VEC], g[VEC], y[VEC];
     load_vec<T, VEC>(x, inp + i);
     load_vec<T, VEC>(g, dout + i);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) g[k] *= gelu_grad(x[k]);
+    for (int k = 0; k < VEC; k++) {
+      float cdf = normal_cdf<T>(x[k]);
+      y[k] = x[k] * cdf;
+      g[k] *= fmaf(x[k], normal_pdf<T>(x[k]), cdf);
+    }
+    store_vec<T, VEC>(out + i, y);
     store_vec<T, VEC>(dinp + i, g);
   } else {
-    for (; i < n; i++)
-      dinp[i] = from_float<T>(to_float<T>(dout[i]) * gelu_grad(to_float<T>(inp[i])));
+    for (; i < end; i++) {
+      float x = to_float<T>(inp[i]), cdf = normal_cdf<T>(x);
+      out[i] = from_float<T>(x * cdf);
+      dinp[i] = from_float<T>(to_float<T>(dout[i]) * fmaf(x, normal_pdf<T>(x), cdf));
+    }
   }
 }
 
@@ -93,17 +125,19 @@ void gelu_forward_cuda(DType dt, void *out, const void *inp, int64_t n, cudaStre
   CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward_cuda(DType dt, void *dinp, const void *inp, const void *dout, int64_t n,
-                        cudaStream_t stream) {
+void gelu_recompute_backward_cuda(DType dt, void *out, void *dinp, const void *inp,
+                                  const void *dout, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   SWIN_DISPATCH(dt, T, {
-    T *d = static_cast<T *>(dinp);
+    T *o = static_cast<T *>(out), *d = static_cast<T *>(dinp);
     const T *x = static_cast<const T *>(inp), *g = static_cast<const T *>(dout);
-    if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
+    if (aligned16(out) && aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
       constexpr int V = kVec16<T>;
-      gelu_backward_kernel<T, V><<<gelu_blocks(n, V), kThreadsPerBlock, 0, stream>>>(d, x, g, n);
+      gelu_recompute_backward_kernel<T, V>
+          <<<gelu_blocks(n, V), kThreadsPerBlock, 0, stream>>>(o, d, x, g, n);
     } else {
-      gelu_backward_kernel<T, 1><<<gelu_blocks(n, 1), kThreadsPerBlock, 0, stream>>>(d, x, g, n);
+      gelu_recompute_backward_kernel<T, 1>
+          <<<gelu_blocks(n, 1), kThreadsPerBlock, 0, stream>>>(o, d, x, g, n);
     }
   });
   CUDA_CHECK_LAUNCH();

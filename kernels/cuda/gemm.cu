@@ -11,6 +11,12 @@
 // are measured against. Every distinct problem (types, shape, strides, alignment, epilogue) gets
 // its algorithm from the heuristic once and keeps it: cuBLASLt is then deterministic on one stream
 // (its split-K reductions are fixed-order), so a run's bits do not change from step to step.
+//
+// Epilogues: the bias add of the forward, and in the backward the bias gradient (BGRADB: the
+// column sums of dout, reduced inside the dweight product that reads dout anyway). Where
+// cuBLASLt has no algorithm with BGRADB for a problem, the column sums run as two passes of
+// our own instead. cuBLASLt's GELU epilogues are not used: they compute the tanh approximation,
+// and the models here use the exact (erf) GELU (kernels/cuda/gelu.cu).
 #include <cublasLt.h>
 
 #include <climits>
@@ -45,12 +51,15 @@ struct GemmKey {
   int ab, cd;  // DType of A and B, of C and D
   int trans_a, trans_b;
   int64_t M, N, K, lda, ldb, ldc;
-  int bias;
+  int epilogue;  // Epilogue
   int align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
 };
 
+enum Epilogue { EPILOGUE_NONE, EPILOGUE_BIAS, EPILOGUE_BIAS_GRAD };
+
 struct GemmPlan {
   GemmKey key;
+  bool usable;  // cuBLASLt has an algorithm for it
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;  // cuBLASLt's A (our B), B (our A), C = D
   cublasLtMatmulAlgo_t algo;
@@ -202,9 +211,10 @@ size_t gemm_context_bytes(void) {
   return kWorkspaceBytes;
 }
 
-// The plan of a problem: found in the cache, or made (descriptors + heuristic) and kept.
-// bias: the pointer of the first call (the heuristic reads its alignment from the descriptor;
-// the key holds that alignment, so every later call with this plan has a bias as aligned).
+// The plan of a problem: found in the cache, or made (descriptors + heuristic) and kept, usable
+// or not. bias: the pointer of the first call (the heuristic reads its alignment from the
+// descriptor; the key holds that alignment, so every later call with this plan has a bias as
+// aligned).
 static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void *bias) {
   for (int i = 0; i < g->num_plans; i++)
     if (memcmp(&g->plans[i].key, &key, sizeof key) == 0) return &g->plans[i];
@@ -223,12 +233,19 @@ static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void 
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-  cublasLtEpilogue_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epilogue = key.epilogue == EPILOGUE_BIAS        ? CUBLASLT_EPILOGUE_BIAS
+                                : key.epilogue == EPILOGUE_BIAS_GRAD ? CUBLASLT_EPILOGUE_BGRADB
+                                                                     : CUBLASLT_EPILOGUE_DEFAULT;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof epilogue));
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias));
+  if (key.epilogue == EPILOGUE_BIAS_GRAD) {  // the gradient in f32, whatever C's type
+    cudaDataType_t f32 = CUDA_R_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32,
+                                                sizeof f32));
+  }
   // Stored shapes, column-major: our B is (N, K) or, transposed, (K, N); our A (K, M) or (M, K).
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, key.trans_b ? key.K : key.N,
                                           key.trans_b ? key.N : key.K, key.ldb));
@@ -256,17 +273,54 @@ static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void 
   CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1,
                                               &result, &found));
   cublasLtMatmulPreferenceDestroy(pref);
-  if (found < 1) {
+  g->num_plans++;
+  p->usable = found >= 1;
+  if (p->usable) p->algo = result.algo;
+  return p;
+}
+
+// gemm_plan for a problem cuBLASLt must serve.
+static const GemmPlan *gemm_plan_needed(GemmContext *g, const GemmKey &key, const void *bias) {
+  const GemmPlan *p = gemm_plan(g, key, bias);
+  if (!p->usable) {
     fprintf(stderr,
             "gemm_cuda: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld (types %s/%s, trans "
-            "%d%d, bias %d)\n",
+            "%d%d, epilogue %d)\n",
             (long long)key.M, (long long)key.N, (long long)key.K, dtype_name((DType)key.ab),
-            dtype_name((DType)key.cd), key.trans_a, key.trans_b, key.bias);
+            dtype_name((DType)key.cd), key.trans_a, key.trans_b, key.epilogue);
     abort();
   }
-  p->algo = result.algo;
-  g->num_plans++;
   return p;
+}
+
+static GemmKey gemm_key(DType ab, DType cd, bool transA, bool transB, int64_t M, int64_t N,
+                        int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                        const void *C, int64_t ldc, Epilogue epilogue, const void *bias) {
+  check_fits_int("M", M);
+  check_fits_int("N", N);
+  check_fits_int("K", K);
+  GemmKey key;
+  memset(&key, 0, sizeof key);  // padding too: keys are compared bytewise
+  key.ab = ab;
+  key.cd = cd;
+  key.trans_a = transA;
+  key.trans_b = transB;
+  key.M = M, key.N = N, key.K = K, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+  key.epilogue = epilogue;
+  key.align_a = pointer_alignment(A);
+  key.align_b = pointer_alignment(B);
+  key.align_c = pointer_alignment(C);
+  key.align_bias = pointer_alignment(bias);
+  return key;
+}
+
+static void gemm_run(GemmContext *g, const GemmPlan *p, float alpha, const void *A, const void *B,
+                     float beta, void *C, const void *bias) {
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
+  CUBLAS_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,
+                              &p->algo, g->workspace, kWorkspaceBytes, g->stream));
 }
 
 void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int64_t M, int64_t N,
@@ -282,27 +336,9 @@ void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int
     CUDA_CHECK_LAUNCH();
     return;
   }
-  check_fits_int("M", M);
-  check_fits_int("N", N);
-  check_fits_int("K", K);
-  GemmKey key;
-  memset(&key, 0, sizeof key);  // padding too: keys are compared bytewise
-  key.ab = ab;
-  key.cd = cd;
-  key.trans_a = transA;
-  key.trans_b = transB;
-  key.M = M, key.N = N, key.K = K, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
-  key.bias = bias != nullptr;
-  key.align_a = pointer_alignment(A);
-  key.align_b = pointer_alignment(B);
-  key.align_c = pointer_alignment(C);
-  key.align_bias = pointer_alignment(bias);
-  const GemmPlan *p = gemm_plan(g, key, bias);
-  if (bias)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof bias));
-  CUBLAS_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,
-                              &p->algo, g->workspace, kWorkspaceBytes, g->stream));
+  GemmKey key = gemm_key(ab, cd, transA, transB, M, N, K, A, lda, B, ldb, C, ldc,
+                         bias ? EPILOGUE_BIAS : EPILOGUE_NONE, bias);
+  gemm_run(g, gemm_plan_needed(g, key, bias), alpha, A, B, beta, C, bias);
 }
 
 void linear_forward_cuda(GemmContext *g, DType dt, void *out, const void *inp, const void *weight,
@@ -321,8 +357,8 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
   if (dinp)
     gemm_cuda(g, dt, dt, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC,
               nullptr);
-  // dweight (OC, IC) += dout^T (OC, N) inp (N, IC), accumulated in f32
-  if (dweight)
+  if (!dbias && dweight)
+    // dweight (OC, IC) += dout^T (OC, N) inp (N, IC), accumulated in f32
     gemm_cuda(g, dt, DTYPE_F32, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC,
               nullptr);
   if (!dbias || N <= 0 || OC <= 0) return;
@@ -332,6 +368,23 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
             "HINT: allocate linear_backward_cuda_scratch(N, OC) floats on the device\n",
             (long long)linear_backward_cuda_scratch(N, OC));
     abort();
+  }
+  if (dweight && IC > 0) {
+    // The same product with dout's column sums from the epilogue into scratch (OC floats), then
+    // added to dbias; when cuBLASLt cannot, the product alone and the two passes below.
+    check_fits_int("IC", IC);
+    GemmKey key = gemm_key(dt, DTYPE_F32, true, false, OC, IC, N, dout, OC, inp, IC, dweight, IC,
+                           EPILOGUE_BIAS_GRAD, scratch);
+    const GemmPlan *p = gemm_plan(g, key, scratch);
+    if (p->usable) {
+      gemm_run(g, p, 1.0f, dout, inp, 1.0f, dweight, scratch);
+      column_sums_finish_kernel<<<(unsigned)((OC + kFinishWarps - 1) / kFinishWarps),
+                                  kFinishWarps * 32, 0, g->stream>>>(dbias, scratch, 1, OC);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+    gemm_cuda(g, dt, DTYPE_F32, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC,
+              nullptr);
   }
   // dbias (OC) += column sums of dout (N, OC), in two fixed-order passes.
   int64_t chunks = column_sum_chunks(N, OC);
