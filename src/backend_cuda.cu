@@ -306,9 +306,9 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
 
 // d(hidden) first, then one pass over pre gives both GELU(pre) (the dweight product's input)
 // and dpre; then the parameter gradients.
-void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
-                               float *dbias, const void *dout, const void *pre, const void *weight,
-                               int64_t N, int IC, int OC) {
+void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight, float *dbias,
+                               const void *dout, const void *pre, const void *weight, int64_t N,
+                               int IC, int OC) {
   CudaState *st = state_of(be);
   {
     OpScope scope(be, OP_GEMM);

@@ -1348,7 +1348,8 @@ static void test_png_forbidden_distance(void) {
   mallopt(M_PERTURB, 0x5A);
 #endif
   char path[512], why[256] = "";
-  snprintf(path, sizeof path, "%s/tests/fuzz/corpus/fuzz_decode/regress-png-deflate-distance-code-30",
+  snprintf(path, sizeof path,
+           "%s/tests/fuzz/corpus/fuzz_decode/regress-png-deflate-distance-code-30",
            SWIN_SOURCE_DIR);
   size_t size;
   Error err;
@@ -1376,8 +1377,8 @@ static void test_png_forbidden_distance(void) {
     uint8_t *again = image_decode(file, size, 1, &h2, &w2, why, sizeof why);
     bool same = (first == NULL) == (again == NULL) &&
                 (!first || (h == h2 && w == w2 && memcmp(first, again, (size_t)h * w) == 0));
-    test_check(same, "forbidden deflate distance: decode %d equals the first (%dx%d) %s",
-               round + 2, w2, h2, why);
+    test_check(same, "forbidden deflate distance: decode %d equals the first (%dx%d) %s", round + 2,
+               w2, h2, why);
     if (again) image_free(again);
   }
 #ifdef __GLIBC__

@@ -1,10 +1,10 @@
 // test_gpu_attention.c: the CUDA backend's window attention (attention_forward/backward) against
 // the CPU backend's, in fp32, bf16 and fp16: 7x7 windows (N = 49, C = 96, 3 heads) shifted (the
 // mask of attention_mask_build) and not, 4x4 windows (N = 16, C = 64, 2 heads), a rectangular 2x4
-// window shifted along both sides, each with several windows per image and 2 images. The backward
-// starts from each backend's own forward (its `saved`, which the backward may overwrite, is put
-// back before each run), dtable accumulates onto random values, and the CUDA backward runs twice
-// and must give the same bits.
+// window shifted along both sides, each with several windows per image and 2 images, and 64
+// windows per image with 8 heads (1 image). The backward starts from each backend's own forward
+// (its `saved`, which the backward may overwrite, is put back before each run), dtable
+// accumulates onto random values, and the CUDA backward runs twice and must give the same bits.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -24,6 +24,9 @@ static const AttnShape shapes[] = {
     {"4x4 windows (N=16), C=64, 2 heads, shifted", 2, 8, 8, 4, 4, 2, 2, 64, 2},
     {"4x4 windows, unshifted", 2, 8, 8, 4, 4, 0, 0, 64, 2},
     {"2x4 windows (rectangular), C=32, 2 heads, shifted", 2, 4, 8, 2, 4, 1, 2, 32, 2},
+    // 64 windows per image and 8 heads: the tensor-core backward's window groups (396 / 8 = 49)
+    // are not a multiple of the 64 window types, so its blocks meet several masks
+    {"7x7 windows, shifted, 8x8 windows per image, C=256, 8 heads", 1, 56, 56, 7, 7, 3, 3, 256, 8},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 

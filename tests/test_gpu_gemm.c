@@ -208,9 +208,9 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
                  md->gelu ? fmax(tol_chained(dt), tol) : tol);
     test_same_bits(ctx, "dinp, two GPU runs", o[1].dinp, o[2].dinp, nin);
   }
-  test_compare_increment(ctx, "dweight", o[1].dweight, o[0].dweight, in.dweight0, nw,
-                         md->gelu ? gemm_tol_sum(dt, s->N) + tol_stored(dt)
-                                  : gemm_tol_sum(dt, s->N));
+  test_compare_increment(
+      ctx, "dweight", o[1].dweight, o[0].dweight, in.dweight0, nw,
+      md->gelu ? gemm_tol_sum(dt, s->N) + tol_stored(dt) : gemm_tol_sum(dt, s->N));
   test_same_bits(ctx, "dweight, two GPU runs", o[1].dweight, o[2].dweight, nw);
   if (md->dbias) {
     test_compare_increment(ctx, "dbias", o[1].dbias, o[0].dbias, in.dbias0, s->OC,

@@ -3,7 +3,8 @@
 // (loaded into f32 shared memory; softmax and products in f32); kernels/cpu/attention.c is the
 // spec.
 //
-// One thread block per (window, head) pair p = b * heads + h on a 1-D grid (gridDim.y/z stop
+// The SIMT kernels (f32, and what the tensor-core kernels below do not serve) run one thread
+// block per (window, head) pair p = b * heads + h on a 1-D grid (gridDim.y/z stop
 // at 65535, which BW * heads passes in Swin-T's first stage from batch 342 on). The block
 // stages that head's q, k, v (backward: also dO, P, dS) in shared memory (N <= 64,
 // head_dim <= 64), then:
@@ -321,11 +322,21 @@ void allow_smem(Kernel kernel, size_t bytes) {
 // memory. The bias-table gradient needs dS summed over windows: each block takes a fixed,
 // strided set of windows of one head and sums their dS in registers (each (i, j) has one owner
 // thread), then the block totals are reduced in a fixed order as in the SIMT path.
+//
+// Both kernels run one wave of blocks: block (group, h) serves head h of windows group, group +
+// groups, ..., so the head's bias matrix, gathered through the index once, and, when groups is a
+// multiple of nW, the block's one mask, sit in shared memory for all its windows.
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = 64;              // padded tokens of a window
-constexpr int kTcLdT = kTcRows + 8;      // row length of the transposed (channel, token) tiles
-constexpr int kTcBackwardBlocks = 1024;  // about this many (head, window group) blocks
+constexpr int kTcRows = 64;          // padded tokens of a window
+constexpr int kTcLdT = kTcRows + 8;  // row length of the transposed (channel, token) tiles
+// About this many (head, window group) blocks in the backward: one full wave on the H200 (132
+// SMs x 3 resident blocks, limited by 130 registers per thread and ~62 KB of shared memory);
+// 1024 blocks ran 2.6 waves, the last a third full (Nsight Compute). A constant, so that the
+// partition, and with it dtable's summation order, depends on the shapes only.
+constexpr int kTcBackwardBlocks = 396;
+// The forward's: 7 resident per SM (66 registers per thread, ~26 KB of shared memory), one wave.
+constexpr int kTcForwardBlocks = 924;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -389,11 +400,12 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&acc)[
 }
 
 // S (16 rows of this warp x 64 keys) = q k^T * scale + bias + mask for valid (i, j); -inf for
-// padded keys, 0 for padded rows (never stored).
+// padded keys, 0 for padded rows (never stored). The bias is head h's (N, N) matrix bias_s when
+// given (shared memory), else gathered from table through index.
 template <typename T, int HD>
 __device__ __forceinline__ void tc_scores(float (&S)[8][4], const T *Qs, const T *Ks, int ld,
                                           int r0, int g, int t, int N, int heads, int h,
-                                          const float *__restrict__ table,
+                                          const float *bias_s, const float *__restrict__ table,
                                           const int *__restrict__ index,
                                           const float *__restrict__ mask_w, float scale) {
 #pragma unroll
@@ -421,7 +433,8 @@ __device__ __forceinline__ void tc_scores(float (&S)[8][4], const T *Qs, const T
       else if (i >= N)
         s = 0.0f;
       else {
-        s = S[nt][c] * scale + table[index[i * N + j] * heads + h];
+        float bias = bias_s ? bias_s[i * N + j] : table[index[i * N + j] * heads + h];
+        s = S[nt][c] * scale + bias;
         if (mask_w) s += mask_w[i * N + j];
       }
       S[nt][c] = s;
@@ -463,87 +476,110 @@ __device__ __forceinline__ void tc_load(const T *__restrict__ qkv, const T *__re
   }
 }
 
+// The bias matrix of head h (N, N) into bias_s, plus the mask of window type group % nW when
+// every window a block meets has that type (groups a multiple of nW): built once per block
+// instead of gathered per window (the mask's gathers alone cost a third of the time of a shifted
+// backward). bias + mask is then added to the scores as one term: s * scale + (bias + mask)
+// differs from (s * scale + bias) + mask only in the masked entries, whose probabilities are
+// below 1e-40 either way. Returns whether the mask is in bias_s. The caller's barrier publishes
+// bias_s.
+__device__ __forceinline__ bool tc_block_bias(float *bias_s, const float *__restrict__ table,
+                                              const int *__restrict__ index,
+                                              const float *__restrict__ mask, int N, int nW,
+                                              int heads, int h, int group, int groups) {
+  const bool fixed_mask = mask && groups % nW == 0;
+  const float *block_mask = fixed_mask ? mask + (int64_t)(group % nW) * N * N : nullptr;
+  for (int e = threadIdx.x; e < N * N; e += blockDim.x)
+    bias_s[e] = table[index[e] * heads + h] + (block_mask ? block_mask[e] : 0.0f);
+  return fixed_mask;
+}
+
+// Block (group, h) serves head h of windows group, group + groups, ... (tc_groups).
 template <typename T, int HD>
 __global__ void __launch_bounds__(kTcThreads)
     window_attention_forward_tc_kernel(T *__restrict__ out, float *__restrict__ lse,
                                        const T *__restrict__ qkv, const float *__restrict__ table,
                                        const int *__restrict__ index,
-                                       const float *__restrict__ mask, int nW, int N, int C,
-                                       int heads, float scale) {
+                                       const float *__restrict__ mask, int BW, int nW, int N, int C,
+                                       int heads, int groups, float scale) {
   constexpr int ld = HD + 8;
   extern __shared__ float4 attention_smem[];
   T *Qs = reinterpret_cast<T *>(attention_smem);
   T *Ks = Qs + kTcRows * ld;
-  T *Vt = Ks + kTcRows * ld;  // (HD, kTcLdT)
-  const int64_t p = blockIdx.x;
-  const int64_t b = p / heads;
-  const int h = (int)(p % heads);
-  tc_load<T, HD>(qkv, nullptr, b, h, N, C, Qs, Ks, nullptr, nullptr, nullptr, nullptr, Vt, nullptr,
-                 ld);
-  __syncthreads();
-
+  T *Vt = Ks + kTcRows * ld;                                    // (HD, kTcLdT)
+  float *bias_s = reinterpret_cast<float *>(Vt + HD * kTcLdT);  // (N, N)
+  const int h = blockIdx.x % heads, group = blockIdx.x / heads;
+  const bool fixed_mask = tc_block_bias(bias_s, table, index, mask, N, nW, heads, h, group, groups);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
-  const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
-  float S[8][4];
-  tc_scores<T, HD>(S, Qs, Ks, ld, r0, g, t, N, heads, h, table, index, mask_w, scale);
 
-  // Softmax over each row: a row's 64 values sit in the 4 threads of a quad.
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  for (int64_t b = group; b < BW; b += groups) {
+    __syncthreads();  // the previous window's tiles are no longer read
+    tc_load<T, HD>(qkv, nullptr, b, h, N, C, Qs, Ks, nullptr, nullptr, nullptr, nullptr, Vt,
+                   nullptr, ld);
+    __syncthreads();
+    const int64_t p = b * heads + h;
+    const float *mask_w = mask && !fixed_mask ? mask + (b % nW) * N * N : nullptr;
+    float S[8][4];
+    tc_scores<T, HD>(S, Qs, Ks, ld, r0, g, t, N, heads, h, bias_s, table, index, mask_w, scale);
+
+    // Softmax over each row: a row's 64 values sit in the 4 threads of a quad.
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-    for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
+      for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
 #pragma unroll
-  for (int r = 0; r < 2; r++)
-    for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
+    for (int r = 0; r < 2; r++)
+      for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-      S[nt][c] = expf(S[nt][c] - mx[c >> 1]);  // exp(-inf) = 0 for padded keys
-      sum[c >> 1] += S[nt][c];
+      for (int c = 0; c < 4; c++) {
+        S[nt][c] = expf(S[nt][c] - mx[c >> 1]);  // exp(-inf) = 0 for padded keys
+        sum[c >> 1] += S[nt][c];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+      for (int o = 1; o < 4; o <<= 1) sum[r] += __shfl_xor_sync(kFullMask, sum[r], o);
+    const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) S[nt][c] *= inv[c >> 1];
+    if (t == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        int i = r0 + g + 8 * r;
+        if (i < N) lse[p * N + i] = mx[r] + logf(sum[r]);
+      }
     }
+
+    // O = P v: 4 k-steps over the 64 keys, HD / 8 n-tiles of channels.
+    float O[HD / 8][4];
 #pragma unroll
-  for (int r = 0; r < 2; r++)
-    for (int o = 1; o < 4; o <<= 1) sum[r] += __shfl_xor_sync(kFullMask, sum[r], o);
-  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+    for (int nd = 0; nd < HD / 8; nd++)
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+      for (int c = 0; c < 4; c++) O[nd][c] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < 4; c++) S[nt][c] *= inv[c >> 1];
-  if (t == 0) {
+    for (int q = 0; q < 4; q++) {
+      uint32_t a[4];
+      a_from_acc<T>(a, S, q);
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; nd++) {
+        const T *vrow = Vt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
+        mma16816<T>(O[nd], a, ld2(vrow), ld2(vrow + 8));
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       int i = r0 + g + 8 * r;
-      if (i < N) lse[p * N + i] = mx[r] + logf(sum[r]);
+      if (i >= N) continue;
+      T *orow = out + (b * N + i) * C + h * HD + 2 * t;
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; nd++)
+        *reinterpret_cast<uint32_t *>(orow + nd * 8) = pack2<T>(O[nd][2 * r], O[nd][2 * r + 1]);
     }
-  }
-
-  // O = P v: 4 k-steps over the 64 keys, HD / 8 n-tiles of channels.
-  float O[HD / 8][4];
-#pragma unroll
-  for (int nd = 0; nd < HD / 8; nd++)
-#pragma unroll
-    for (int c = 0; c < 4; c++) O[nd][c] = 0.0f;
-#pragma unroll
-  for (int q = 0; q < 4; q++) {
-    uint32_t a[4];
-    a_from_acc<T>(a, S, q);
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++) {
-      const T *vrow = Vt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
-      mma16816<T>(O[nd], a, ld2(vrow), ld2(vrow + 8));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    int i = r0 + g + 8 * r;
-    if (i >= N) continue;
-    T *orow = out + (b * N + i) * C + h * HD + 2 * t;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; nd++)
-      *reinterpret_cast<uint32_t *>(orow + nd * 8) = pack2<T>(O[nd][2 * r], O[nd][2 * r + 1]);
   }
 }
 
@@ -585,7 +621,9 @@ __global__ void __launch_bounds__(kTcThreads)
   T *dOt = Kt + HD * kTcLdT;
   T *Pt = dOt + HD * kTcLdT;  // (64, kTcLdT) each: P^T and dS^T
   T *dSt = Pt + kTcRows * kTcLdT;
+  float *bias_s = reinterpret_cast<float *>(dSt + kTcRows * kTcLdT);  // (N, N)
   const int h = blockIdx.x % heads, group = blockIdx.x / heads;
+  const bool fixed_mask = tc_block_bias(bias_s, table, index, mask, N, nW, heads, h, group, groups);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
 
@@ -600,11 +638,11 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_load<T, HD>(qkv, dout, b, h, N, C, Qs, Ks, Vs, dOs, Qt, Kt, nullptr, dOt, ld);
     __syncthreads();
     const int64_t p = b * heads + h;
-    const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
+    const float *mask_w = mask && !fixed_mask ? mask + (b % nW) * N * N : nullptr;
 
     // P from the recomputed scores and the saved log-sum-exp (0 outside the N x N window).
     float P[8][4];
-    tc_scores<T, HD>(P, Qs, Ks, ld, r0, g, t, N, heads, h, table, index, mask_w, scale);
+    tc_scores<T, HD>(P, Qs, Ks, ld, r0, g, t, N, heads, h, bias_s, table, index, mask_w, scale);
     float row_lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -712,18 +750,23 @@ __global__ void __launch_bounds__(kTcThreads)
     }
 }
 
-size_t tc_forward_smem(int hd) {
-  return sizeof(uint16_t) * ((size_t)2 * kTcRows * (hd + 8) + (size_t)hd * kTcLdT);
+size_t tc_forward_smem(int hd, int N) {
+  return sizeof(uint16_t) * ((size_t)2 * kTcRows * (hd + 8) + (size_t)hd * kTcLdT) +
+         sizeof(float) * (size_t)N * N;
 }
-size_t tc_backward_smem(int hd) {
-  return sizeof(uint16_t) *
-         ((size_t)4 * kTcRows * (hd + 8) + (size_t)3 * hd * kTcLdT + (size_t)2 * kTcRows * kTcLdT);
+size_t tc_backward_smem(int hd, int N) {
+  return sizeof(uint16_t) * ((size_t)4 * kTcRows * (hd + 8) + (size_t)3 * hd * kTcLdT +
+                             (size_t)2 * kTcRows * kTcLdT) +
+         sizeof(float) * (size_t)N * N;
 }
 
-// The backward's (head, window group) split: a function of the shapes only.
-int tc_backward_groups(int BW, int heads) {
-  int groups = kTcBackwardBlocks / heads;
+// The (head, window group) split of a kernel that runs about `blocks` blocks: a function of the
+// shapes only. A multiple of nW where it can be (BW = B nW is one), so that each block meets
+// one window type (one mask).
+int tc_groups(int blocks, int BW, int heads, int nW) {
+  int groups = blocks / heads;
   if (groups < 1) groups = 1;
+  if (nW > 1 && groups >= nW) groups -= groups % nW;
   return groups < BW ? groups : BW;
 }
 
@@ -781,15 +824,16 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   int hd = C / heads;
   if (use_tensor_cores(dt, N, hd)) {
     check_tc_alignment("window_attention_forward_cuda", qkv, out);
-    size_t smem = tc_forward_smem(hd);
+    size_t smem = tc_forward_smem(hd, N);
+    int groups = tc_groups(kTcForwardBlocks, BW, heads, mask ? nW : 1);
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
         with_head_dim(hd, [&](auto HD) {
           auto kernel = window_attention_forward_tc_kernel<T, decltype(HD)::value>;
           allow_smem(kernel, smem);
-          kernel<<<(unsigned)((int64_t)BW * heads), kTcThreads, smem, stream>>>(
-              static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, nW, N, C,
-              heads, attention_scale(hd));
+          kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
+              static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, BW, nW,
+              N, C, heads, groups, attention_scale(hd));
         });
       }
     });
@@ -809,7 +853,9 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
 
 int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads) {
   int hd = heads > 0 ? C / heads : 0;
-  if (use_tensor_cores(dt, N, hd)) return (int64_t)tc_backward_groups(BW, heads) * heads * N * N;
+  // nW = 1: the most groups any nW gives
+  if (use_tensor_cores(dt, N, hd))
+    return (int64_t)tc_groups(kTcBackwardBlocks, BW, heads, 1) * heads * N * N;
   return (int64_t)BW * heads * N * N;
 }
 
@@ -827,9 +873,9 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const v
   if (tc) {
     check_tc_alignment("window_attention_backward_cuda", qkv, dout);
     check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
-    int groups = tc_backward_groups(BW, heads);
+    int groups = tc_groups(kTcBackwardBlocks, BW, heads, mask ? nW : 1);
     rows = groups;
-    size_t smem = tc_backward_smem(hd);
+    size_t smem = tc_backward_smem(hd, N);
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
         with_head_dim(hd, [&](auto HD) {

@@ -23,7 +23,7 @@ using namespace swin_cuda;
 
 constexpr int kThreadsPerBlock = 256;
 constexpr float kInvSqrt2Pi = 0x1.988454p-2f;  // 1 / sqrt(2 pi)
-constexpr float kInvSqrt2 = 0x1.6a09e6p-1f;  // 1 / sqrt(2)
+constexpr float kInvSqrt2 = 0x1.6a09e6p-1f;    // 1 / sqrt(2)
 
 // Phi(x) for results of type T (see the top of the file).
 template <typename T>

@@ -51,7 +51,7 @@ struct GemmKey {
   int ab, cd;  // DType of A and B, of C and D
   int trans_a, trans_b;
   int64_t M, N, K, lda, ldb, ldc;
-  int epilogue;  // Epilogue
+  int epilogue;                               // Epilogue
   int align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
 };
 
