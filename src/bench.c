@@ -1,6 +1,6 @@
 // bench.c: `swin_train CONFIG bench=1`: the training step's speed on the configured device and
 // precision, with nothing in the way: one synthetic batch resident in backend memory (no loader,
-// no upload), warm-up steps, then timed rounds of 10 steps each (the host waits once per round),
+// no upload), warm-up steps, then timed rounds of 10 steps each (of bench.steps when fewer; the host waits once per round),
 // the median round giving ms/step and img/s; MFU from model_train_flops; the backend memory,
 // all of it taken before the first step; host waits per step inside a round; and a profiled
 // round giving the GPU time per op family. Writes nothing; prints a table and one JSON line.
@@ -73,17 +73,19 @@ int bench_run(const Config *cfg, Error *err) {
     learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
   be.ops->synchronize(&be);
 
-  int rounds = (cfg->bench_steps + BENCH_ROUND - 1) / BENCH_ROUND;
+  // Rounds of 10 steps, or one round_steps of bench.steps when fewer (a profiler's short run).
+  int round_steps = cfg->bench_steps < BENCH_ROUND ? cfg->bench_steps : BENCH_ROUND;
+  int rounds = (cfg->bench_steps + round_steps - 1) / round_steps;
   double *ms = malloc_check(sizeof(double) * (size_t)rounds);
   int64_t waits = 0;
   for (int k = 0; k < rounds; k++) {
     int64_t waits0 = be.host_waits;
     double t0 = time_now_s();
-    for (int i = 0; i < BENCH_ROUND; i++, step++)
+    for (int i = 0; i < round_steps; i++, step++)
       learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
     waits += be.host_waits - waits0;
     be.ops->synchronize(&be);
-    ms[k] = 1e3 * (time_now_s() - t0) / BENCH_ROUND;
+    ms[k] = 1e3 * (time_now_s() - t0) / round_steps;
   }
   qsort(ms, (size_t)rounds, sizeof(double), compare_doubles);
   double ms_step = ms[rounds / 2], best = ms[0];
@@ -92,11 +94,11 @@ int bench_run(const Config *cfg, Error *err) {
   // A profiled round: GPU time per op family (events around each op: a little slower).
   double family[OP_FAMILIES] = {0}, profiled = 0;
   be.ops->profile(&be, true);
-  for (int i = 0; i < BENCH_ROUND; i++, step++)
+  for (int i = 0; i < round_steps; i++, step++)
     learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
   be.ops->profile_report(&be, family);
   be.ops->profile(&be, false);
-  for (int f = 0; f < OP_FAMILIES; f++) profiled += family[f] / BENCH_ROUND;
+  for (int f = 0; f < OP_FAMILIES; f++) profiled += family[f] / round_steps;
 
   OptimState after;
   be.ops->download(&be, &after, opt.state, sizeof after);
@@ -111,15 +113,15 @@ int bench_run(const Config *cfg, Error *err) {
     printf("  %-34s %9.1f%%   (of %.0f TFLOP/s dense peak)\n", "MFU", 100 * tflops * 1e12 / peak,
            peak / 1e12);
   printf("  %-34s %10.2f   (all taken before the first step)\n", "device memory (GiB)", gib);
-  printf("  %-34s %10.2f\n", "host waits per step", (double)waits / (rounds * BENCH_ROUND));
+  printf("  %-34s %10.2f\n", "host waits per step", (double)waits / (rounds * round_steps));
   printf("  %-34s %10.4f   (loss scale %g, %lld skipped)\n", "last loss",
          after.loss_steps ? after.loss_sum / after.loss_steps : NAN, (double)after.loss_scale,
          (long long)after.skipped);
   if (profiled > 0) {
     printf("  GPU time per op family (profiled round, %.2f ms/step):\n", profiled);
     for (int f = 0; f < OP_FAMILIES; f++)
-      printf("    %-24s %8.3f ms  %5.1f%%\n", op_family_name((OpFamily)f), family[f] / BENCH_ROUND,
-             100 * family[f] / BENCH_ROUND / profiled);
+      printf("    %-24s %8.3f ms  %5.1f%%\n", op_family_name((OpFamily)f), family[f] / round_steps,
+             100 * family[f] / round_steps / profiled);
     printf("    %-24s %8s     %5s   (folded into LayerNorm)\n", "window permutations", "-", "-");
   }
   printf(
@@ -127,8 +129,8 @@ int bench_run(const Config *cfg, Error *err) {
       "\"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
       "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f",
       be.ops->name, cfg->precision, B, img_s, ms_step, tflops,
-      peak > 0 ? tflops * 1e12 / peak : 0.0, gib, (double)waits / (rounds * BENCH_ROUND));
-  for (int f = 0; f < OP_FAMILIES; f++) printf(", \"ms_%d\": %.4f", f, family[f] / BENCH_ROUND);
+      peak > 0 ? tflops * 1e12 / peak : 0.0, gib, (double)waits / (rounds * round_steps));
+  for (int f = 0; f < OP_FAMILIES; f++) printf(", \"ms_%d\": %.4f", f, family[f] / round_steps);
   printf("}\n");
   rc = 0;
 done:

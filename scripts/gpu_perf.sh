@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# gpu_perf.sh: one call on the GPU machine for the speed work (kernels/PERF.md): build, the
+# benchmark mode on Swin-T (and Swin-B), the GPU time per kernel (scripts/profile_step.sh, ncu),
+# the gpu-labelled tests, and optionally PyTorch in the same command (scripts/bench.sh). Prints a
+# short table last; full logs go to $OUT (or /tmp/gpu_perf).
+# Carry .deps (stb headers in .deps/stb; Fashion-MNIST's four .gz files in .deps/fashion-mnist,
+# which the dataset tests read from /usr/share/datasets/fashion-mnist).
+# Usage (repo root): bash scripts/gpu_perf.sh [bench] [profile] [tests] [pytorch] [base]
+#   (no argument: bench profile tests)
+set -uo pipefail
+out=${OUT:-/tmp/gpu_perf}
+mkdir -p "$out"
+want=" ${*:-bench profile tests} "
+has() { [[ "$want" == *" $1 "* ]]; }
+summary=()
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $out/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$((SECONDS - t0))s")
+  else summary+=("$name|FAIL rc=$? (see $name.log)|$((SECONDS - t0))s"); fi
+}
+if [ -d .deps/fashion-mnist ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  mkdir -p /usr/share/datasets && cp -r .deps/fashion-mnist /usr/share/datasets/
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+step build 300 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS=-I$PWD/.deps/stb && cmake --build build-gpu"
+bench_args=(bench=1 device=cuda precision=bf16 train.batch_size=128)
+if has bench; then
+  step bench_tiny 120 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}"
+  has base && step bench_base 180 build-gpu/swin_train configs/swin_base.ini "${bench_args[@]}"
+fi
+if has profile; then
+  PROFILE_CSV=$out/ncu_tiny.csv PROFILE_SEQ=$out/ncu_tiny_step.txt step profile_tiny 300 bash scripts/profile_step.sh build-gpu \
+    configs/swin_tiny.ini precision=bf16 train.batch_size=128
+fi
+if has tests; then
+  step ctest 420 ctest --test-dir build-gpu -L gpu --output-on-failure -j3
+fi
+if has pytorch; then
+  models=(swin_tiny)
+  has base && models+=(swin_base)
+  OUT=$out/bench SWIN_TRAIN=build-gpu/swin_train step pytorch 560 bash scripts/bench.sh "${models[@]}"
+fi
+
+echo "== gpu_perf"
+for f in "$out"/bench_*.log; do
+  [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -A16 '^bench:' "$f" | grep -v '^{'; }
+done
+[ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
+[ -f "$out/ctest.log" ] && grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$out/ctest.log"
+[ -f "$out/pytorch.log" ] && sed -n '/== swin.c vs PyTorch/,$p' "$out/pytorch.log"
+printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-14s %-32s %s\n", $1, $2, $3}'
