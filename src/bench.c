@@ -1,9 +1,10 @@
 // bench.c: `swin_train CONFIG bench=1`: the training step's speed on the configured device and
 // precision, with nothing in the way: one synthetic batch resident in backend memory (no loader,
-// no upload), warm-up steps, then timed rounds of 10 steps each (of bench.steps when fewer; the host waits once per round),
-// the median round giving ms/step and img/s; MFU from model_train_flops; the backend memory,
-// all of it taken before the first step; host waits per step inside a round; and a profiled
-// round giving the GPU time per op family. Writes nothing; prints a table and one JSON line.
+// no upload), warm-up steps, then timed rounds of 10 steps each (of bench.steps when fewer; the
+// host waits once per round), the median round giving ms/step and img/s; MFU from
+// model_train_flops; the backend memory, all of it taken before the first step; host waits per step
+// inside a round; and a profiled round giving the GPU time per op family. Writes nothing; prints a
+// table and one JSON line.
 #include "src/bench.h"
 
 #include <math.h>
