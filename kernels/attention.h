@@ -33,8 +33,10 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms: same parameters as the CPU ones, as device pointers (index and mask uploaded once
 // by the caller), with q, k, v, out, dout and dqkv in the element type dt (F32, BF16 or F16;
-// arithmetic in f32, att in f32), launched on `stream` with no synchronization. One thread block
-// per (window, head) keeps that head's q, k, v (and in the backward dO, P, dS) in shared memory.
+// arithmetic in f32, att in f32), launched on `stream` with no synchronization. A thread block
+// keeps one (window, head)'s q, k, v (and in the backward dO, P, dS) in shared memory: the SIMT
+// kernels one block per pair, the tensor-core kernels one wave of blocks, each serving one head
+// of a strided set of windows (kernels/cuda/attention.cu).
 //
 // Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
 // model's geometry is fixed when it is built, so check it there against these):
@@ -47,14 +49,16 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
 
 // What the forward saves for the backward, in floats: with bf16/f16 and head_dim 16/32/64,
-// N <= 64, the tensor-core kernels keep each query row's log-sum-exp (BW, heads, N) and recompute
-// the probabilities in the backward; otherwise the SIMT kernels keep them all (BW, heads, N, N).
+// N <= 64, the tensor-core kernels keep each query row's log-sum-exp (base 2: of the scores
+// times log2(e)) (BW, heads, N) and recompute the probabilities in the backward; otherwise the
+// SIMT kernels keep them all (BW, heads, N, N).
 int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads);
 
 // out (BW, N, C), att (window_attention_saved_floats), qkv (BW, N, 3C), table (rows, heads),
-// index (N, N), mask (nW, N, N) or NULL. Softmax with expf (the CPU uses its own fast_expf):
-// results agree to rounding, not bitwise. The tensor-core path rounds P to the element type
-// before P v (as flash attention does).
+// index (N, N), mask (nW, N, N) or NULL. Softmax with expf on the SIMT path and ex2.approx of
+// log2(e)-scaled scores on the tensor-core path (the CPU uses its own fast_expf): results agree
+// to rounding, not bitwise. The tensor-core path rounds P to the element type before P v (as
+// flash attention does).
 void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
                                    int nW, int N, int C, int heads, cudaStream_t stream);

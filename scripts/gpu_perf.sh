@@ -5,8 +5,10 @@
 # short table last; full logs go to $OUT (or /tmp/gpu_perf).
 # Carry .deps (stb headers in .deps/stb; Fashion-MNIST's four .gz files in .deps/fashion-mnist,
 # which the dataset tests read from /usr/share/datasets/fashion-mnist).
-# Usage (repo root): bash scripts/gpu_perf.sh [bench] [profile] [tests] [pytorch] [base]
-#   (no argument: bench profile tests)
+# Usage (repo root): bash scripts/gpu_perf.sh [bench] [profile] [tests] [pytorch] [base] [detail]
+#   (no argument: bench profile tests); detail: Nsight Compute's full sections for the kernels
+#   matching NCU_KERNELS (a regex; NCU_SKIP launches skipped, NCU_COUNT profiled) of Swin-T's step.
+#   TESTS: a ctest -R regex to run only some gpu tests.
 set -uo pipefail
 out=${OUT:-/tmp/gpu_perf}
 mkdir -p "$out"
@@ -35,8 +37,15 @@ if has profile; then
   PROFILE_CSV=$out/ncu_tiny.csv PROFILE_SEQ=$out/ncu_tiny_step.txt step profile_tiny 300 bash scripts/profile_step.sh build-gpu \
     configs/swin_tiny.ini precision=bf16 train.batch_size=128
 fi
+if has detail; then
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  step detail 300 "$ncu_bin" --clock-control none --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    -k "regex:${NCU_KERNELS:-layernorm}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-8}" \
+    build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}" bench.warmup=1 bench.steps=1
+fi
 if has tests; then
-  step ctest 420 ctest --test-dir build-gpu -L gpu --output-on-failure -j3
+  step ctest 420 ctest --test-dir build-gpu -L gpu --output-on-failure -j3 ${TESTS:+-R "$TESTS"}
 fi
 if has pytorch; then
   models=(swin_tiny)

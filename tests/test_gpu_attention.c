@@ -1,10 +1,11 @@
 // test_gpu_attention.c: the CUDA backend's window attention (attention_forward/backward) against
 // the CPU backend's, in fp32, bf16 and fp16: 7x7 windows (N = 49, C = 96, 3 heads) shifted (the
 // mask of attention_mask_build) and not, 4x4 windows (N = 16, C = 64, 2 heads), a rectangular 2x4
-// window shifted along both sides, each with several windows per image and 2 images, and 64
-// windows per image with 8 heads (1 image). The backward starts from each backend's own forward
-// (its `saved`, which the backward may overwrite, is put back before each run), dtable
-// accumulates onto random values, and the CUDA backward runs twice and must give the same bits.
+// window shifted along both sides, each with several windows per image and 2 images, 64
+// windows per image with 8 and 12 heads (1 image), and 8x8 windows (N = 64) with head_dim 64. The
+// backward starts from each backend's own forward (its `saved`, which the backward may overwrite,
+// is put back before each run), dtable accumulates onto random values, and the CUDA backward runs
+// twice and must give the same bits.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -27,6 +28,11 @@ static const AttnShape shapes[] = {
     // 64 windows per image and 8 heads: the tensor-core backward's window groups (396 / 8 = 49)
     // are not a multiple of the 64 window types, so its blocks meet several masks
     {"7x7 windows, shifted, 8x8 windows per image, C=256, 8 heads", 1, 56, 56, 7, 7, 3, 3, 256, 8},
+    // The forward's window groups (660 / 12 = 55) are below the 64 window types as well
+    {"7x7 windows, shifted, 8x8 windows per image, C=384, 12 heads", 1, 56, 56, 7, 7, 3, 3, 384,
+     12},
+    // 64 tokens: the tensor-core kernels' 8-tile key rows; head_dim 64
+    {"8x8 windows (N=64), C=128, 2 heads, shifted", 2, 16, 16, 8, 8, 4, 4, 128, 2},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 

@@ -309,34 +309,46 @@ void allow_smem(Kernel kernel, size_t bytes) {
 //   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
 //   B 16x8 (k x n): b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
 //   C 16x8: c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
-// Each 32-bit operand register holds two consecutive k, so every operand is read from a
-// shared-memory row in which k runs contiguously: Q, K, V, dO row-major (token, channel), and
-// transposed copies (channel, token) where a product runs over tokens. Rows are padded by 8
-// elements (16 bytes), which spreads the 8 row groups g of a warp over distinct banks.
+// Every tile lives in shared memory row-major (token, channel) as it lies in global memory, and
+// the operands come from ldmatrix: plain where the product runs over channels (q k^T, dO v^T),
+// .trans where it runs over tokens (P v, dS k, dS^T q, P^T dO). Rows are padded by 8 elements
+// (16 bytes), so the 8 row addresses of an 8x8 matrix fall in distinct banks.
 //
-// Forward (flash-style): S = q k^T * scale + bias + mask in registers, softmax in registers, the
-// row's log-sum-exp saved (N floats per window and head instead of N x N probabilities), then
-// O = P v with P rounded to the element type as the A operand. Backward recomputes S and P from q,
-// k and the saved log-sum-exp; dP = dO v^T; dS = P (dP - rowsum(P dP)); dq = dS k * scale from
-// registers; dk = dS^T q * scale and dv = P^T dO through transposed tiles of dS and P in shared
-// memory. The bias-table gradient needs dS summed over windows: each block takes a fixed,
-// strided set of windows of one head and sums their dS in registers (each (i, j) has one owner
-// thread), then the block totals are reduced in a fixed order as in the SIMT path.
+// Scores carry a factor log2(e): s2 = (q . k) * scale * log2(e) + (bias + mask) * log2(e), so the
+// softmax is exp2 (one MUFU.EX2, ex2.approx, relative error ~2^-22) and the saved row statistic is
+// the base-2 log-sum-exp. The key dimension is KT n-tiles of 8: 7 (56 keys) when N <= 56, as
+// Swin's 49-token windows, where the eighth n-tile of a 64-key tile would be padding only; else 8.
+// The head's bias (+ the block's mask) is kept in shared memory in fragment order, pre-multiplied
+// by log2(e), with -inf in the padded key columns and 0 in the padded query rows, so each thread
+// fetches its 28 bias values for a window as 7 16-byte loads and no index arithmetic or bounds test
+// remains in the per-element work.
+//
+// Forward (flash-style): S in registers, softmax in registers (the exponentials unnormalized; the
+// output row is scaled by 1 / sum at the end), the row's log-sum-exp saved (N floats per window
+// and head instead of N x N probabilities), O = P v with P rounded to the element type as the A
+// operand. Backward recomputes P from q, k and the saved log-sum-exp; dP = dO v^T;
+// dS = P (dP - rowsum(P dP)); dq = dS k * scale from registers; dk = dS^T q * scale and
+// dv = P^T dO through row-major tiles of dS and P in shared memory. The bias-table gradient needs
+// dS summed over windows: each block takes a fixed, strided set of windows of one head and sums
+// their dS in registers (each (i, j) has one owner thread), then the block totals are reduced in
+// a fixed order as in the SIMT path.
 //
 // Both kernels run one wave of blocks: block (group, h) serves head h of windows group, group +
-// groups, ..., so the head's bias matrix, gathered through the index once, and, when groups is a
-// multiple of nW, the block's one mask, sit in shared memory for all its windows.
+// groups, ..., so the head's bias and, when groups is a multiple of nW, the block's one mask are
+// built once per block. The next window's q, k, v (and dO) are copied into a second set of tiles
+// with cp.async while the block computes the current one.
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = 64;          // padded tokens of a window
-constexpr int kTcLdT = kTcRows + 8;  // row length of the transposed (channel, token) tiles
-// About this many (head, window group) blocks in the backward: one full wave on the H200 (132
-// SMs x 3 resident blocks, limited by 130 registers per thread and ~62 KB of shared memory);
-// 1024 blocks ran 2.6 waves, the last a third full (Nsight Compute). A constant, so that the
-// partition, and with it dtable's summation order, depends on the shapes only.
-constexpr int kTcBackwardBlocks = 396;
-// The forward's: 7 resident per SM (66 registers per thread, ~26 KB of shared memory), one wave.
-constexpr int kTcForwardBlocks = 924;
+constexpr int kTcRows = 64;          // padded tokens of a window (query rows, key rows)
+constexpr int kTcLdP = kTcRows + 8;  // row length of the P and dS tiles (token, token)
+constexpr float kLog2e = 1.4426950408889634f;
+// Blocks per launch, one full wave on the H200 (132 SMs): the backward's 72 KB of shared memory
+// (HD 32) per 128-thread block leave 3 resident per SM, the forward's 44 KB 5; the register
+// bounds below keep registers from lowering that. Constants, so that the partition, and with it
+// dtable's summation order, depend on the shapes only.
+constexpr int kTcBackwardBlocksPerSm = 3, kTcForwardBlocksPerSm = 5;
+constexpr int kTcBackwardBlocks = 132 * kTcBackwardBlocksPerSm;
+constexpr int kTcForwardBlocks = 132 * kTcForwardBlocksPerSm;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -373,189 +385,253 @@ __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two consecutive 16-bit elements of a shared-memory row (even index: 4-byte aligned).
-template <typename T>
-__device__ __forceinline__ uint32_t ld2(const T *p) {
-  return *reinterpret_cast<const uint32_t *>(p);
+__device__ __forceinline__ uint32_t smem_address(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-// The A operand of rows r0.. of a row-major tile with row length ld, k from kk.
-template <typename T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T *tile, int ld, int r0, int kk,
-                                       int g, int t) {
-  a[0] = ld2(tile + (r0 + g) * ld + kk + 2 * t);
-  a[1] = ld2(tile + (r0 + g + 8) * ld + kk + 2 * t);
-  a[2] = ld2(tile + (r0 + g) * ld + kk + 2 * t + 8);
-  a[3] = ld2(tile + (r0 + g + 8) * ld + kk + 2 * t + 8);
+// Four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
 }
 
-// The A operand from a 16 x 64 f32 accumulator tile held as 8 n-tiles (k-step q covers n-tiles
-// 2q and 2q + 1), rounded to T: the C layout of two n-tiles is the A layout of one k-step.
-template <typename T>
-__device__ __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&acc)[8][4], int q) {
+__device__ __forceinline__ void cp_async16(void *smem, const void *global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)),
+               "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The A operand of rows r0.. and channels kk.. of a row-major tile (row length LD).
+template <int LD, typename T>
+__device__ __forceinline__ void a_rows(uint32_t (&a)[4], const T *tile, int r0, int kk, int lane) {
+  ldsm_x4(a, tile + (r0 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
+}
+// The A operand (m = columns c0.., k = rows kk..) of a row-major tile read transposed: for
+// dS^T q and P^T dO, whose rows are the keys (the tiles' columns).
+template <int LD, typename T>
+__device__ __forceinline__ void a_cols(uint32_t (&a)[4], const T *tile, int c0, int kk, int lane) {
+  const int m = lane >> 3;
+  ldsm_x4_trans(a, tile + (kk + (m >> 1) * 8 + (lane & 7)) * LD + c0 + (m & 1) * 8);
+}
+// B operands (k = channels kk..kk+15, n = rows n0..n0+15: two n-tiles) of a row-major tile: the
+// right factor of a product over channels (k^T in q k^T, v^T in dO v^T). b[0], b[1] serve rows
+// n0..n0+7, b[2], b[3] rows n0+8...
+template <int LD, typename T>
+__device__ __forceinline__ void b_rows(uint32_t (&b)[4], const T *tile, int n0, int kk, int lane) {
+  const int m = lane >> 3;
+  ldsm_x4(b, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * LD + kk + (m & 1) * 8);
+}
+// B operands (k = rows kk..kk+15, n = channels n0..n0+15: two n-tiles) of a row-major tile: the
+// right factor of a product over tokens (v in P v, k in dS k, q in dS^T q, dO in P^T dO).
+template <int LD, typename T>
+__device__ __forceinline__ void b_cols(uint32_t (&b)[4], const T *tile, int n0, int kk, int lane) {
+  const int m = lane >> 3;
+  ldsm_x4_trans(b, tile + (kk + (m & 1) * 8 + (lane & 7)) * LD + n0 + (m >> 1) * 8);
+}
+
+// The A operand of k-step q (keys 16q..16q+15) from a 16 x 8KT accumulator tile (KT n-tiles),
+// rounded to T: the C layout of two n-tiles is the A layout of one k-step; keys 8KT.. are zero.
+template <typename T, int KT>
+__device__ __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&acc)[KT][4], int q) {
   a[0] = pack2<T>(acc[2 * q][0], acc[2 * q][1]);
   a[1] = pack2<T>(acc[2 * q][2], acc[2 * q][3]);
-  a[2] = pack2<T>(acc[2 * q + 1][0], acc[2 * q + 1][1]);
-  a[3] = pack2<T>(acc[2 * q + 1][2], acc[2 * q + 1][3]);
+  if (2 * q + 1 < KT) {
+    a[2] = pack2<T>(acc[2 * q + 1][0], acc[2 * q + 1][1]);
+    a[3] = pack2<T>(acc[2 * q + 1][2], acc[2 * q + 1][3]);
+  } else {
+    a[2] = a[3] = 0u;
+  }
 }
 
-// S (16 rows of this warp x 64 keys) = q k^T * scale + bias + mask for valid (i, j); -inf for
-// padded keys, 0 for padded rows (never stored). The bias is head h's (N, N) matrix bias_s when
-// given (shared memory), else gathered from table through index.
-template <typename T, int HD>
-__device__ __forceinline__ void tc_scores(float (&S)[8][4], const T *Qs, const T *Ks, int ld,
-                                          int r0, int g, int t, int N, int heads, int h,
-                                          const float *bias_s, const float *__restrict__ table,
-                                          const int *__restrict__ index,
-                                          const float *__restrict__ mask_w, float scale) {
+// S2 (16 rows of this warp x 8KT keys) = q k^T * scale * log2(e) + the bias fragments (bias +
+// mask, times log2(e); -inf in padded keys). mask_w (a per-window mask when the block's windows
+// have several types, else NULL) is added in its own pass.
+template <typename T, int HD, int KT>
+__device__ __forceinline__ void tc_scores(float (&S)[KT][4], const T *Qs, const T *Ks,
+                                          const float4 *bias_frag, int r0, int lane, int N,
+                                          const float *__restrict__ mask_w, float scale2) {
+  constexpr int LD = HD + 8;
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+  for (int nt = 0; nt < KT; nt++)
 #pragma unroll
     for (int c = 0; c < 4; c++) S[nt][c] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < HD; kk += 16) {
     uint32_t a[4];
-    load_a(a, Qs, ld, r0, kk, g, t);
+    a_rows<LD>(a, Qs, r0, kk, lane);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      const T *krow = Ks + (nt * 8 + g) * ld + kk + 2 * t;
-      mma16816<T>(S[nt], a, ld2(krow), ld2(krow + 8));
+    for (int np = 0; np < (KT + 1) / 2; np++) {  // pairs of n-tiles
+      uint32_t b[4];
+      b_rows<LD>(b, Ks, np * 16, kk, lane);
+      mma16816<T>(S[2 * np], a, b[0], b[1]);
+      if (2 * np + 1 < KT) mma16816<T>(S[2 * np + 1], a, b[2], b[3]);
     }
   }
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+  for (int nt = 0; nt < KT; nt++) {
+    const float4 bias = bias_frag[nt * 32 + lane];
+    S[nt][0] = fmaf(S[nt][0], scale2, bias.x);
+    S[nt][1] = fmaf(S[nt][1], scale2, bias.y);
+    S[nt][2] = fmaf(S[nt][2], scale2, bias.z);
+    S[nt][3] = fmaf(S[nt][3], scale2, bias.w);
+  }
+  if (mask_w) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
+        if (i < N && j < N) S[nt][c] += mask_w[i * N + j] * kLog2e;
+      }
+  }
+}
+
+// The bias fragments of head h, (kTcWarps, KT, 32) float4 in the order tc_scores reads
+// them: (table[index[i][j]][h] + mask[i][j]) * log2(e) at the (i, j) of each fragment element,
+// -inf for keys j >= N, 0 for query rows i >= N (never stored). mask is the block's one mask or
+// NULL. The caller's barrier publishes it.
+template <int KT>
+__device__ __forceinline__ void tc_bias_fragments(float4 *frag, const float *__restrict__ table,
+                                                  const int *__restrict__ index,
+                                                  const float *__restrict__ mask, int N, int heads,
+                                                  int h) {
+  for (int e = threadIdx.x; e < kTcWarps * KT * 32; e += blockDim.x) {
+    const int lane = e % 32, nt = e / 32 % KT, w = e / (32 * KT);
+    const int g = lane / 4, t = lane % 4;
+    float v[4];
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
-      float s;
+      int i = w * 16 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
       if (j >= N)
-        s = -INFINITY;
+        v[c] = -INFINITY;
       else if (i >= N)
-        s = 0.0f;
-      else {
-        float bias = bias_s ? bias_s[i * N + j] : table[index[i * N + j] * heads + h];
-        s = S[nt][c] * scale + bias;
-        if (mask_w) s += mask_w[i * N + j];
-      }
-      S[nt][c] = s;
+        v[c] = 0.0f;
+      else
+        v[c] = (table[index[i * N + j] * heads + h] + (mask ? mask[i * N + j] : 0.0f)) * kLog2e;
     }
-}
-
-// Loads the (window b, head h) slices of q, k, v (and dO) into the padded tiles, 16 bytes (8
-// elements) per access; rows >= N are zero. Transposed copies where asked (non-null). The
-// slices start at 16-byte boundaries: C and HD are multiples of 16 elements and the tensors
-// 16-byte aligned (checked by the launcher).
-template <typename T, int HD>
-__device__ __forceinline__ void tc_load(const T *__restrict__ qkv, const T *__restrict__ dout,
-                                        int64_t b, int h, int N, int C, T *Qs, T *Ks, T *Vs, T *dOs,
-                                        T *Qt, T *Kt, T *Vt, T *dOt, int ld) {
-  constexpr int V = 8, kChunks = HD / V;
-  for (int e = threadIdx.x; e < kTcRows * kChunks; e += blockDim.x) {
-    int i = e / kChunks, d = (e % kChunks) * V;
-    int4 q = make_int4(0, 0, 0, 0), k = q, v = q, o = q;
-    if (i < N) {
-      const T *row = qkv + (b * N + i) * 3 * C + h * HD + d;
-      q = *reinterpret_cast<const int4 *>(row);
-      k = *reinterpret_cast<const int4 *>(row + C);
-      v = *reinterpret_cast<const int4 *>(row + 2 * C);
-      if (dout) o = *reinterpret_cast<const int4 *>(dout + (b * N + i) * C + h * HD + d);
-    }
-    *reinterpret_cast<int4 *>(Qs + i * ld + d) = q;
-    *reinterpret_cast<int4 *>(Ks + i * ld + d) = k;
-    if (Vs) *reinterpret_cast<int4 *>(Vs + i * ld + d) = v;
-    if (dOs) *reinterpret_cast<int4 *>(dOs + i * ld + d) = o;
-    const T *qe = reinterpret_cast<const T *>(&q), *ke = reinterpret_cast<const T *>(&k);
-    const T *ve = reinterpret_cast<const T *>(&v), *oe = reinterpret_cast<const T *>(&o);
-#pragma unroll
-    for (int u = 0; u < V; u++) {
-      if (Qt) Qt[(d + u) * kTcLdT + i] = qe[u];
-      if (Kt) Kt[(d + u) * kTcLdT + i] = ke[u];
-      if (Vt) Vt[(d + u) * kTcLdT + i] = ve[u];
-      if (dOt) dOt[(d + u) * kTcLdT + i] = oe[u];
-    }
+    frag[e] = make_float4(v[0], v[1], v[2], v[3]);
   }
 }
 
-// The bias matrix of head h (N, N) into bias_s, plus the mask of window type group % nW when
-// every window a block meets has that type (groups a multiple of nW): built once per block
-// instead of gathered per window (the mask's gathers alone cost a third of the time of a shifted
-// backward). bias + mask is then added to the scores as one term: s * scale + (bias + mask)
-// differs from (s * scale + bias) + mask only in the masked entries, whose probabilities are
-// below 1e-40 either way. Returns whether the mask is in bias_s. The caller's barrier publishes
-// bias_s.
-__device__ __forceinline__ bool tc_block_bias(float *bias_s, const float *__restrict__ table,
-                                              const int *__restrict__ index,
-                                              const float *__restrict__ mask, int N, int nW,
-                                              int heads, int h, int group, int groups) {
-  const bool fixed_mask = mask && groups % nW == 0;
-  const float *block_mask = fixed_mask ? mask + (int64_t)(group % nW) * N * N : nullptr;
-  for (int e = threadIdx.x; e < N * N; e += blockDim.x)
-    bias_s[e] = table[index[e] * heads + h] + (block_mask ? block_mask[e] : 0.0f);
-  return fixed_mask;
+// Starts the copies of window b's q, k, v (and dO) rows of head h into the tiles (rows < N; the
+// padded rows keep the zeros written at the block's start). 16 bytes per copy: C and HD are
+// multiples of 8 elements and the tensors 16-byte aligned (checked by the launcher).
+template <typename T, int HD>
+__device__ __forceinline__ void tc_prefetch(const T *__restrict__ qkv, const T *__restrict__ dout,
+                                            int64_t b, int h, int N, int C, T *Qs, T *Ks, T *Vs,
+                                            T *dOs) {
+  constexpr int LD = HD + 8, V = 8, kChunks = HD / V;
+  const int parts = dout ? 4 : 3;
+  for (int e = threadIdx.x; e < N * kChunks * parts; e += blockDim.x) {
+    const int part = e / (N * kChunks), r = e % (N * kChunks), i = r / kChunks, d = r % kChunks * V;
+    const int64_t row = b * N + i;
+    if (part < 3) {
+      T *tile = part == 0 ? Qs : part == 1 ? Ks : Vs;
+      cp_async16(tile + i * LD + d, qkv + row * 3 * C + part * C + h * HD + d);
+    } else {
+      cp_async16(dOs + i * LD + d, dout + row * C + h * HD + d);
+    }
+  }
+  cp_async_commit();
+}
+
+// Zeros n elements of shared memory (a multiple of 8), 16 bytes per store.
+template <typename T>
+__device__ __forceinline__ void tc_zero(T *p, int n) {
+  for (int e = threadIdx.x * 8; e < n; e += blockDim.x * 8)
+    *reinterpret_cast<int4 *>(p + e) = make_int4(0, 0, 0, 0);
 }
 
 // Block (group, h) serves head h of windows group, group + groups, ... (tc_groups).
-template <typename T, int HD>
-__global__ void __launch_bounds__(kTcThreads)
+template <typename T, int HD, int KT>
+__global__ void __launch_bounds__(kTcThreads, kTcForwardBlocksPerSm)
     window_attention_forward_tc_kernel(T *__restrict__ out, float *__restrict__ lse,
                                        const T *__restrict__ qkv, const float *__restrict__ table,
                                        const int *__restrict__ index,
                                        const float *__restrict__ mask, int BW, int nW, int N, int C,
                                        int heads, int groups, float scale) {
-  constexpr int ld = HD + 8;
+  constexpr int LD = HD + 8, kTile = kTcRows * LD;
   extern __shared__ float4 attention_smem[];
-  T *Qs = reinterpret_cast<T *>(attention_smem);
-  T *Ks = Qs + kTcRows * ld;
-  T *Vt = Ks + kTcRows * ld;                                    // (HD, kTcLdT)
-  float *bias_s = reinterpret_cast<float *>(Vt + HD * kTcLdT);  // (N, N)
+  float4 *bias_frag = attention_smem;                                // (kTcWarps, KT, 32)
+  T *tiles = reinterpret_cast<T *>(bias_frag + kTcWarps * KT * 32);  // 2 x (q, k, v)
   const int h = blockIdx.x % heads, group = blockIdx.x / heads;
-  const bool fixed_mask = tc_block_bias(bias_s, table, index, mask, N, nW, heads, h, group, groups);
+  if (group >= BW) return;
+  const bool fixed_mask = mask && groups % nW == 0;
+  tc_bias_fragments<KT>(bias_frag, table, index,
+                        fixed_mask ? mask + (int64_t)(group % nW) * N * N : nullptr, N, heads, h);
+  tc_zero(tiles, 6 * kTile);
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
+  const float4 *my_bias = bias_frag + warp * KT * 32;
+  const float scale2 = scale * kLog2e;
 
-  for (int64_t b = group; b < BW; b += groups) {
-    __syncthreads();  // the previous window's tiles are no longer read
-    tc_load<T, HD>(qkv, nullptr, b, h, N, C, Qs, Ks, nullptr, nullptr, nullptr, nullptr, Vt,
-                   nullptr, ld);
-    __syncthreads();
+  tc_prefetch<T, HD>(qkv, nullptr, group, h, N, C, tiles, tiles + kTile, tiles + 2 * kTile,
+                     nullptr);
+  int buf = 0;
+  for (int64_t b = group; b < BW; b += groups, buf ^= 1) {
+    T *Qs = tiles + buf * 3 * kTile, *Ks = Qs + kTile, *Vs = Ks + kTile;
+    if (b + groups < BW) {
+      T *next = tiles + (buf ^ 1) * 3 * kTile;
+      tc_prefetch<T, HD>(qkv, nullptr, b + groups, h, N, C, next, next + kTile, next + 2 * kTile,
+                         nullptr);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // window b's tiles are complete
     const int64_t p = b * heads + h;
     const float *mask_w = mask && !fixed_mask ? mask + (b % nW) * N * N : nullptr;
-    float S[8][4];
-    tc_scores<T, HD>(S, Qs, Ks, ld, r0, g, t, N, heads, h, bias_s, table, index, mask_w, scale);
+    float S[KT][4];
+    tc_scores<T, HD, KT>(S, Qs, Ks, my_bias, r0, lane, N, mask_w, scale2);
 
-    // Softmax over each row: a row's 64 values sit in the 4 threads of a quad.
+    // Softmax over each row (base 2): a row's 56 values sit in the 4 threads of a quad.
     float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
 #pragma unroll
     for (int r = 0; r < 2; r++)
       for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        S[nt][c] = expf(S[nt][c] - mx[c >> 1]);  // exp(-inf) = 0 for padded keys
+        S[nt][c] = fast_exp2(S[nt][c] - mx[c >> 1]);  // exp2(-inf) = 0 for padded keys
         sum[c >> 1] += S[nt][c];
       }
 #pragma unroll
     for (int r = 0; r < 2; r++)
       for (int o = 1; o < 4; o <<= 1) sum[r] += __shfl_xor_sync(kFullMask, sum[r], o);
-    const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) S[nt][c] *= inv[c >> 1];
     if (t == 0) {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         int i = r0 + g + 8 * r;
-        if (i < N) lse[p * N + i] = mx[r] + logf(sum[r]);
+        if (i < N) lse[p * N + i] = mx[r] + __log2f(sum[r]);
       }
     }
 
-    // O = P v: 4 k-steps over the 64 keys, HD / 8 n-tiles of channels.
+    // O = P v: 4 k-steps over the keys, HD / 8 n-tiles of channels; then O / sum.
     float O[HD / 8][4];
 #pragma unroll
     for (int nd = 0; nd < HD / 8; nd++)
@@ -564,13 +640,16 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
       uint32_t a[4];
-      a_from_acc<T>(a, S, q);
+      a_from_acc<T, KT>(a, S, q);
 #pragma unroll
-      for (int nd = 0; nd < HD / 8; nd++) {
-        const T *vrow = Vt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
-        mma16816<T>(O[nd], a, ld2(vrow), ld2(vrow + 8));
+      for (int np = 0; np < HD / 16; np++) {
+        uint32_t bv[4];
+        b_cols<LD>(bv, Vs, np * 16, q * 16, lane);
+        mma16816<T>(O[2 * np], a, bv[0], bv[1]);
+        mma16816<T>(O[2 * np + 1], a, bv[2], bv[3]);
       }
     }
+    const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       int i = r0 + g + 8 * r;
@@ -578,8 +657,10 @@ __global__ void __launch_bounds__(kTcThreads)
       T *orow = out + (b * N + i) * C + h * HD + 2 * t;
 #pragma unroll
       for (int nd = 0; nd < HD / 8; nd++)
-        *reinterpret_cast<uint32_t *>(orow + nd * 8) = pack2<T>(O[nd][2 * r], O[nd][2 * r + 1]);
+        *reinterpret_cast<uint32_t *>(orow + nd * 8) =
+            pack2<T>(O[nd][2 * r] * inv[r], O[nd][2 * r + 1] * inv[r]);
     }
+    __syncthreads();  // every warp is done with these tiles before the next prefetch refills them
   }
 }
 
@@ -601,8 +682,8 @@ __device__ __forceinline__ void tc_store_rows(T *__restrict__ dqkv, const float 
   }
 }
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(kTcThreads)
+template <typename T, int HD, int KT>
+__global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
     window_attention_backward_tc_kernel(T *__restrict__ dqkv, float *__restrict__ ds_partial,
                                         const T *__restrict__ dout, const T *__restrict__ qkv,
                                         const float *__restrict__ lse,
@@ -610,88 +691,102 @@ __global__ void __launch_bounds__(kTcThreads)
                                         const int *__restrict__ index,
                                         const float *__restrict__ mask, int BW, int nW, int N,
                                         int C, int heads, int groups, float scale) {
-  constexpr int ld = HD + 8;
+  constexpr int LD = HD + 8, kTile = kTcRows * LD;
   extern __shared__ float4 attention_smem[];
-  T *Qs = reinterpret_cast<T *>(attention_smem);
-  T *Ks = Qs + kTcRows * ld;
-  T *Vs = Ks + kTcRows * ld;
-  T *dOs = Vs + kTcRows * ld;
-  T *Qt = dOs + kTcRows * ld;  // (HD, kTcLdT) each
-  T *Kt = Qt + HD * kTcLdT;
-  T *dOt = Kt + HD * kTcLdT;
-  T *Pt = dOt + HD * kTcLdT;  // (64, kTcLdT) each: P^T and dS^T
-  T *dSt = Pt + kTcRows * kTcLdT;
-  float *bias_s = reinterpret_cast<float *>(dSt + kTcRows * kTcLdT);  // (N, N)
+  float4 *bias_frag = attention_smem;                             // (4, KT, 32)
+  T *Ps = reinterpret_cast<T *>(bias_frag + kTcWarps * KT * 32);  // (64, kTcLdP)
+  T *dSs = Ps + kTcRows * kTcLdP;                                 // (64, kTcLdP)
+  T *tiles = dSs + kTcRows * kTcLdP;  // 2 x (q, k, v, dO), each (64, LD)
   const int h = blockIdx.x % heads, group = blockIdx.x / heads;
-  const bool fixed_mask = tc_block_bias(bias_s, table, index, mask, N, nW, heads, h, group, groups);
+  if (group >= BW) return;
+  const bool fixed_mask = mask && groups % nW == 0;
+  tc_bias_fragments<KT>(bias_frag, table, index,
+                        fixed_mask ? mask + (int64_t)(group % nW) * N * N : nullptr, N, heads, h);
+  tc_zero(Ps, 2 * kTcRows * kTcLdP + 8 * kTile);
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
+  const float4 *my_bias = bias_frag + warp * KT * 32;
+  const float scale2 = scale * kLog2e;
 
-  float dT[8][4];  // sum over this block's windows of dS at this thread's (i, j)
+  float dT[KT][4];  // sum over this block's windows of dS at this thread's (i, j)
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+  for (int nt = 0; nt < KT; nt++)
 #pragma unroll
     for (int c = 0; c < 4; c++) dT[nt][c] = 0.0f;
 
-  for (int64_t b = group; b < BW; b += groups) {
-    __syncthreads();  // the previous window's tiles are no longer read
-    tc_load<T, HD>(qkv, dout, b, h, N, C, Qs, Ks, Vs, dOs, Qt, Kt, nullptr, dOt, ld);
-    __syncthreads();
+  tc_prefetch<T, HD>(qkv, dout, group, h, N, C, tiles, tiles + kTile, tiles + 2 * kTile,
+                     tiles + 3 * kTile);
+  int buf = 0;
+  for (int64_t b = group; b < BW; b += groups, buf ^= 1) {
+    T *Qs = tiles + buf * 4 * kTile, *Ks = Qs + kTile, *Vs = Ks + kTile, *dOs = Vs + kTile;
     const int64_t p = b * heads + h;
-    const float *mask_w = mask && !fixed_mask ? mask + (b % nW) * N * N : nullptr;
-
-    // P from the recomputed scores and the saved log-sum-exp (0 outside the N x N window).
-    float P[8][4];
-    tc_scores<T, HD>(P, Qs, Ks, ld, r0, g, t, N, heads, h, bias_s, table, index, mask_w, scale);
-    float row_lse[2];
+    float row_lse[2];  // +inf for padded rows: their P is 0
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       int i = r0 + g + 8 * r;
-      row_lse[r] = i < N ? lse[p * N + i] : 0.0f;
+      row_lse[r] = i < N ? lse[p * N + i] : INFINITY;
     }
+    if (b + groups < BW) {
+      T *next = tiles + (buf ^ 1) * 4 * kTile;
+      tc_prefetch<T, HD>(qkv, dout, b + groups, h, N, C, next, next + kTile, next + 2 * kTile,
+                         next + 3 * kTile);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // window b's tiles are complete
+    const float *mask_w = mask && !fixed_mask ? mask + (b % nW) * N * N : nullptr;
+
+    // P from the recomputed scores and the saved log-sum-exp (0 outside the N x N window).
+    float P[KT][4];
+    tc_scores<T, HD, KT>(P, Qs, Ks, my_bias, r0, lane, N, mask_w, scale2);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
-        P[nt][c] = i < N && j < N ? expf(P[nt][c] - row_lse[c >> 1]) : 0.0f;
-      }
+      for (int c = 0; c < 4; c++) P[nt][c] = fast_exp2(P[nt][c] - row_lse[c >> 1]);
 
     // dP = dO v^T.
-    float dS[8][4];
+    float dS[KT][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) dS[nt][c] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < HD; kk += 16) {
       uint32_t a[4];
-      load_a(a, dOs, ld, r0, kk, g, t);
+      a_rows<LD>(a, dOs, r0, kk, lane);
 #pragma unroll
-      for (int nt = 0; nt < 8; nt++) {
-        const T *vrow = Vs + (nt * 8 + g) * ld + kk + 2 * t;
-        mma16816<T>(dS[nt], a, ld2(vrow), ld2(vrow + 8));
+      for (int np = 0; np < (KT + 1) / 2; np++) {
+        uint32_t bv[4];
+        b_rows<LD>(bv, Vs, np * 16, kk, lane);
+        mma16816<T>(dS[2 * np], a, bv[0], bv[1]);
+        if (2 * np + 1 < KT) mma16816<T>(dS[2 * np + 1], a, bv[2], bv[3]);
       }
     }
-    // dS = P (dP - rowsum(P dP)).
+    // dS = P (dP - rowsum(P dP)); P and dS rounded into their row-major tiles.
     float dot[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) dot[c >> 1] += P[nt][c] * dS[nt][c];
 #pragma unroll
     for (int r = 0; r < 2; r++)
       for (int o = 1; o < 4; o <<= 1) dot[r] += __shfl_xor_sync(kFullMask, dot[r], o);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < KT; nt++) {
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         dS[nt][c] = P[nt][c] * (dS[nt][c] - dot[c >> 1]);
         dT[nt][c] += dS[nt][c];
-        int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
-        Pt[j * kTcLdT + i] = from_float<T>(P[nt][c]);
-        dSt[j * kTcLdT + i] = from_float<T>(dS[nt][c]);
       }
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int off = (r0 + g + 8 * r) * kTcLdP + nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t *>(Ps + off) = pack2<T>(P[nt][2 * r], P[nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t *>(dSs + off) = pack2<T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
+      }
+    }
 
     // dq = dS k * scale, from registers.
     {
@@ -703,16 +798,18 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int q = 0; q < 4; q++) {
         uint32_t a[4];
-        a_from_acc<T>(a, dS, q);
+        a_from_acc<T, KT>(a, dS, q);
 #pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++) {
-          const T *krow = Kt + (nd * 8 + g) * kTcLdT + q * 16 + 2 * t;
-          mma16816<T>(acc[nd], a, ld2(krow), ld2(krow + 8));
+        for (int np = 0; np < HD / 16; np++) {
+          uint32_t bk[4];
+          b_cols<LD>(bk, Ks, np * 16, q * 16, lane);
+          mma16816<T>(acc[2 * np], a, bk[0], bk[1]);
+          mma16816<T>(acc[2 * np + 1], a, bk[2], bk[3]);
         }
       }
       tc_store_rows<T, HD>(dqkv, acc, b, h, N, C, 0, r0, g, t, scale);
     }
-    __syncthreads();  // P^T and dS^T complete
+    __syncthreads();  // the P and dS tiles are complete
 
     // dk = dS^T q * scale and dv = P^T dO, for the 16 keys r0.. of this warp.
     {
@@ -724,25 +821,29 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int kk = 0; kk < kTcRows; kk += 16) {
         uint32_t as[4], ap[4];
-        load_a(as, dSt, kTcLdT, r0, kk, g, t);
-        load_a(ap, Pt, kTcLdT, r0, kk, g, t);
+        a_cols<kTcLdP>(as, dSs, r0, kk, lane);
+        a_cols<kTcLdP>(ap, Ps, r0, kk, lane);
 #pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++) {
-          const T *qrow = Qt + (nd * 8 + g) * kTcLdT + kk + 2 * t;
-          const T *orow = dOt + (nd * 8 + g) * kTcLdT + kk + 2 * t;
-          mma16816<T>(dk[nd], as, ld2(qrow), ld2(qrow + 8));
-          mma16816<T>(dv[nd], ap, ld2(orow), ld2(orow + 8));
+        for (int np = 0; np < HD / 16; np++) {
+          uint32_t bq[4], bo[4];
+          b_cols<LD>(bq, Qs, np * 16, kk, lane);
+          b_cols<LD>(bo, dOs, np * 16, kk, lane);
+          mma16816<T>(dk[2 * np], as, bq[0], bq[1]);
+          mma16816<T>(dk[2 * np + 1], as, bq[2], bq[3]);
+          mma16816<T>(dv[2 * np], ap, bo[0], bo[1]);
+          mma16816<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
         }
       }
       tc_store_rows<T, HD>(dqkv, dk, b, h, N, C, 1, r0, g, t, scale);
       tc_store_rows<T, HD>(dqkv, dv, b, h, N, C, 2, r0, g, t, 1.0f);
     }
+    __syncthreads();  // every warp is done with these tiles before the next window reuses them
   }
 
   // This block's window sum of dS, at (group, h, i, j) of ds_partial (groups, heads, N, N).
   float *part = ds_partial + ((int64_t)group * heads + h) * N * N;
 #pragma unroll
-  for (int nt = 0; nt < 8; nt++)
+  for (int nt = 0; nt < KT; nt++)
 #pragma unroll
     for (int c = 0; c < 4; c++) {
       int i = r0 + g + (c >= 2 ? 8 : 0), j = nt * 8 + 2 * t + (c & 1);
@@ -750,14 +851,12 @@ __global__ void __launch_bounds__(kTcThreads)
     }
 }
 
-size_t tc_forward_smem(int hd, int N) {
-  return sizeof(uint16_t) * ((size_t)2 * kTcRows * (hd + 8) + (size_t)hd * kTcLdT) +
-         sizeof(float) * (size_t)N * N;
+size_t tc_forward_smem(int hd, int kt) {
+  return sizeof(float4) * kTcWarps * kt * 32 + sizeof(uint16_t) * (size_t)6 * kTcRows * (hd + 8);
 }
-size_t tc_backward_smem(int hd, int N) {
-  return sizeof(uint16_t) * ((size_t)4 * kTcRows * (hd + 8) + (size_t)3 * hd * kTcLdT +
-                             (size_t)2 * kTcRows * kTcLdT) +
-         sizeof(float) * (size_t)N * N;
+size_t tc_backward_smem(int hd, int kt) {
+  return sizeof(float4) * kTcWarps * kt * 32 +
+         sizeof(uint16_t) * ((size_t)2 * kTcRows * kTcLdP + (size_t)8 * kTcRows * (hd + 8));
 }
 
 // The (head, window group) split of a kernel that runs about `blocks` blocks: a function of the
@@ -770,23 +869,34 @@ int tc_groups(int blocks, int BW, int heads, int nW) {
   return groups < BW ? groups : BW;
 }
 
-// Runs F<HD> for the head widths the tensor-core kernels are built for.
+// Runs F<HD, KT> for the head widths the tensor-core kernels are built for and the key tiles
+// a window of N tokens needs (7 up to 56 tokens, else 8).
 template <typename F>
-void with_head_dim(int hd, F f) {
+void with_head_dim(int hd, int N, F f) {
+  auto keys = [&](auto HD) {
+    if (N <= 56)
+      f(HD, std::integral_constant<int, 7>{});
+    else
+      f(HD, std::integral_constant<int, 8>{});
+  };
   switch (hd) {
     case 16:
-      f(std::integral_constant<int, 16>{});
+      keys(std::integral_constant<int, 16>{});
       break;
     case 32:
-      f(std::integral_constant<int, 32>{});
+      keys(std::integral_constant<int, 32>{});
       break;
     case 64:
-      f(std::integral_constant<int, 64>{});
+      keys(std::integral_constant<int, 64>{});
       break;
     default:
       fprintf(stderr, "window attention: no tensor-core kernel for head_dim %d\n", hd);
       abort();
   }
+}
+
+int key_tiles(int N) {
+  return N <= 56 ? 7 : 8;
 }
 
 }  // namespace
@@ -824,12 +934,13 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   int hd = C / heads;
   if (use_tensor_cores(dt, N, hd)) {
     check_tc_alignment("window_attention_forward_cuda", qkv, out);
-    size_t smem = tc_forward_smem(hd, N);
+    size_t smem = tc_forward_smem(hd, key_tiles(N));
     int groups = tc_groups(kTcForwardBlocks, BW, heads, mask ? nW : 1);
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
-        with_head_dim(hd, [&](auto HD) {
-          auto kernel = window_attention_forward_tc_kernel<T, decltype(HD)::value>;
+        with_head_dim(hd, N, [&](auto HD, auto KT) {
+          auto kernel =
+              window_attention_forward_tc_kernel<T, decltype(HD)::value, decltype(KT)::value>;
           allow_smem(kernel, smem);
           kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
               static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, BW, nW,
@@ -875,11 +986,12 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const v
     check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
     int groups = tc_groups(kTcBackwardBlocks, BW, heads, mask ? nW : 1);
     rows = groups;
-    size_t smem = tc_backward_smem(hd, N);
+    size_t smem = tc_backward_smem(hd, key_tiles(N));
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
-        with_head_dim(hd, [&](auto HD) {
-          auto kernel = window_attention_backward_tc_kernel<T, decltype(HD)::value>;
+        with_head_dim(hd, N, [&](auto HD, auto KT) {
+          auto kernel =
+              window_attention_backward_tc_kernel<T, decltype(HD)::value, decltype(KT)::value>;
           allow_smem(kernel, smem);
           kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
               static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout),
