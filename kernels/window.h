@@ -37,6 +37,66 @@ static inline SWIN_HOSTDEV int64_t window_row(const WindowMap *m, int64_t b, int
   return w * (m->wh * m->ww) + (i % m->wh) * m->ww + j % m->ww;
 }
 
+// Division of n < 2^31 by a divisor d >= 1 fixed ahead, as a multiply-high and a shift:
+// mul = ceil(2^p / d) with p = 31 + ceil(log2 d), n / d = (n mul) >> p for every such n. For GPU
+// kernels that divide every row index by runtime values (a real division is tens of
+// instructions, a 64-bit one over a hundred); tests/test_window.c checks it against `/`.
+typedef struct {
+  uint32_t d, mul, shift;
+} FastDiv;
+
+static inline FastDiv fast_div_make(uint32_t d) {
+  FastDiv f = {d, 0, 0};
+  if (d <= 1) return f;
+  int log2d = 0;
+  while ((1ull << log2d) < d) log2d++;
+  int p = 31 + log2d;
+  f.mul = (uint32_t)(((1ull << p) + d - 1) / d);
+  f.shift = (uint32_t)(p - 32);
+  return f;
+}
+
+static inline SWIN_HOSTDEV uint32_t fast_div(FastDiv f, uint32_t n) {
+#ifdef __CUDA_ARCH__
+  uint32_t hi = __umulhi(n, f.mul);
+#else
+  uint32_t hi = (uint32_t)(((uint64_t)n * f.mul) >> 32);
+#endif
+  return f.d == 1 ? n : hi >> f.shift;
+}
+
+// window_row for token t = (b * H + y) * W + x of a stage with L = H * W tokens per image, with
+// the divisions precomputed: for launches whose token indices and rows are below 2^31.
+typedef struct {
+  WindowMap m;
+  FastDiv L, W, wh, ww;
+  uint32_t nWh, nWw;  // windows per column and per row of the map
+} WindowRows;
+
+static inline WindowRows window_rows_make(const WindowMap *m) {
+  WindowRows r;
+  r.m = *m;
+  r.L = fast_div_make((uint32_t)(m->H * m->W));
+  r.W = fast_div_make((uint32_t)m->W);
+  r.wh = fast_div_make((uint32_t)m->wh);
+  r.ww = fast_div_make((uint32_t)m->ww);
+  r.nWh = (uint32_t)(m->H / m->wh);
+  r.nWw = (uint32_t)(m->W / m->ww);
+  return r;
+}
+
+static inline SWIN_HOSTDEV uint32_t window_rows_row(const WindowRows *r, uint32_t t) {
+  uint32_t b = fast_div(r->L, t), yx = t - b * r->L.d;
+  uint32_t y = fast_div(r->W, yx), x = yx - y * r->W.d;
+  int i = (int)y - r->m.sh, j = (int)x - r->m.sw;
+  if (i < 0) i += r->m.H;
+  if (j < 0) j += r->m.W;
+  uint32_t wi = fast_div(r->wh, (uint32_t)i), wj = fast_div(r->ww, (uint32_t)j);
+  uint32_t ri = (uint32_t)i - wi * r->wh.d, rj = (uint32_t)j - wj * r->ww.d;
+  uint32_t w = (b * r->nWh + wi) * r->nWw + wj;
+  return w * (r->wh.d * r->ww.d) + ri * r->ww.d + rj;
+}
+
 // windows (B*nW, wh*ww, C) <- tokens (B, H, W, C)
 void window_partition_cpu(float *windows, const float *tokens, int B, int H, int W, int C, int wh,
                           int ww, int sh, int sw);

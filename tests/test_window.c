@@ -1,6 +1,7 @@
 // test_window.c: kernels/cpu/window.c against references built the way timm builds them: an
 // explicit torch.roll then an explicit window partition, the relative position index from a
-// coordinate grid, and the shift mask from a sliced region-label map.
+// coordinate grid, and the shift mask from a sliced region-label map; and the GPU kernels' row
+// addressing (FastDiv, window_rows_row in kernels/window.h) against `/` and window_row.
 #include "kernels/window.h"
 #include "tests/test_util.h"
 
@@ -198,8 +199,52 @@ static void check_case(TestRng *rng, const WindowCase *k) {
   free(want_mask);
 }
 
+// FastDiv against `/`: every n below 2^16 and random n up to 2^31 - 1, for every divisor below
+// 2^12, powers of two and their neighbours, and random divisors up to 2^31 - 1.
+static void check_fast_div(TestRng *rng) {
+  int64_t bad = 0, checked = 0;
+  for (int kind = 0; kind < 3; kind++)
+    for (uint32_t k = 0; k < 4096; k++) {
+      uint32_t d = kind == 0   ? k + 1
+                   : kind == 1 ? (1u << (k % 31)) + (uint32_t)(k / 31 % 3) - 1u
+                               : (uint32_t)(test_rng_u64(rng) % 0x7fffffffu) + 1u;
+      if (d == 0) continue;
+      FastDiv f = fast_div_make(d);
+      for (uint32_t j = 0; j < 96; j++) {
+        uint32_t n = j < 32   ? j
+                     : j < 40 ? 0x7fffffffu - (j - 32)
+                     : j < 48 ? d * (j - 40) + (j & 1 ? d - 1 : 0)
+                              : (uint32_t)(test_rng_u64(rng) % 0x80000000u);
+        if (n > 0x7fffffffu) continue;
+        bad += fast_div(f, n) != n / d;
+        checked++;
+      }
+    }
+  for (uint32_t d = 1; d <= 64; d++) {
+    FastDiv f = fast_div_make(d);
+    for (uint32_t n = 0; n < 65536; n++, checked++) bad += fast_div(f, n) != n / d;
+  }
+  test_check(bad == 0, "fast_div == n / d on %lld (n, d) pairs (%lld wrong)", (long long)checked,
+             (long long)bad);
+}
+
+// window_rows_row (the GPU kernels' row addressing) against window_row for every token.
+static void check_window_rows(const WindowCase *k) {
+  WindowMap m = {k->H, k->W, k->wh, k->ww, k->sh, k->sw};
+  WindowRows r = window_rows_make(&m);
+  int64_t bad = 0, L = (int64_t)k->H * k->W;
+  for (int b = 0; b < k->B; b++)
+    for (int y = 0; y < k->H; y++)
+      for (int x = 0; x < k->W; x++) {
+        uint32_t t = (uint32_t)(b * L + (int64_t)y * k->W + x);
+        bad += (int64_t)window_rows_row(&r, t) != window_row(&m, b, y, x);
+      }
+  test_check(bad == 0, "%-48s window_rows_row == window_row (%lld wrong)", k->what, (long long)bad);
+}
+
 int main(void) {
   TestRng rng = {.state = 0x3141u};
+  check_fast_div(&rng);
   const WindowCase cases[] = {
       {"square, unshifted", 2, 8, 8, 5, 4, 4, 0, 0},
       {"square, shifted", 2, 8, 8, 5, 4, 4, 2, 2},
@@ -212,5 +257,15 @@ int main(void) {
       {"Swin-T stage 1 geometry", 1, 56, 56, 2, 7, 7, 3, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&rng, &cases[i]);
+  // The row addressing at batch sizes the trainer meets (Swin-T's stages at batch 128).
+  const WindowCase rows[] = {
+      {"Swin-T stage 0, batch 128, shifted", 128, 56, 56, 1, 7, 7, 3, 3},
+      {"Swin-T stage 2, batch 128, shifted", 128, 14, 14, 1, 7, 7, 3, 3},
+      {"Swin-T stage 3, batch 128", 128, 7, 7, 1, 7, 7, 0, 0},
+      {"rectangular window 4x6, shift (2, 3), batch 7", 7, 8, 12, 1, 4, 6, 2, 3},
+      {"H != W, window 4x4, shift (2, 2), batch 5", 5, 8, 12, 1, 4, 4, 2, 2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_window_rows(&cases[i]);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) check_window_rows(&rows[i]);
   return test_finish();
 }

@@ -63,15 +63,20 @@ __device__ __forceinline__ float round_to(float v) {
 template <typename T>
 constexpr int kVec16 = 16 / (int)sizeof(T);
 
-// VEC consecutive elements at p as floats (one 16-byte access when VEC == kVec16<T>, which needs
-// p 16-byte aligned), and the store back.
+// VEC consecutive elements at p as floats, and the store back: 16-byte accesses when the VEC
+// elements are a whole number of 16-byte vectors (VEC == kVec16<T>, or 8 floats next to 8 bf16
+// values), which needs p 16-byte aligned; else one element at a time.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(float (&v)[VEC], const T *p) {
-  if constexpr (VEC * sizeof(T) == 16) {
-    int4 raw = *reinterpret_cast<const int4 *>(p);
-    const T *e = reinterpret_cast<const T *>(&raw);
+  if constexpr (VEC * sizeof(T) % 16 == 0) {
+    constexpr int kPer = 16 / (int)sizeof(T);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) v[k] = to_float<T>(e[k]);
+    for (int q = 0; q < VEC / kPer; q++) {
+      int4 raw = reinterpret_cast<const int4 *>(p)[q];
+      const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+      for (int k = 0; k < kPer; k++) v[q * kPer + k] = to_float<T>(e[k]);
+    }
   } else {
 #pragma unroll
     for (int k = 0; k < VEC; k++) v[k] = to_float<T>(p[k]);
@@ -79,12 +84,16 @@ __device__ __forceinline__ void load_vec(float (&v)[VEC], const T *p) {
 }
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
-  if constexpr (VEC * sizeof(T) == 16) {
-    int4 raw;
-    T *e = reinterpret_cast<T *>(&raw);
+  if constexpr (VEC * sizeof(T) % 16 == 0) {
+    constexpr int kPer = 16 / (int)sizeof(T);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) e[k] = from_float<T>(v[k]);
-    *reinterpret_cast<int4 *>(p) = raw;
+    for (int q = 0; q < VEC / kPer; q++) {
+      int4 raw;
+      T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+      for (int k = 0; k < kPer; k++) e[k] = from_float<T>(v[q * kPer + k]);
+      reinterpret_cast<int4 *>(p)[q] = raw;
+    }
   } else {
 #pragma unroll
     for (int k = 0; k < VEC; k++) p[k] = from_float<T>(v[k]);

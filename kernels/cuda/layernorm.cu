@@ -48,25 +48,38 @@ constexpr int64_t kBackwardMaxBlocks = 1024;
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
 
-// A map passed by value: `on` false means plain token order.
+// A map passed by value: `on` false means plain token order. `fast`: every token index of the
+// launch is below 2^31, so rows are addressed with the precomputed divisions of kernels/window.h
+// (WindowRows, FastDiv); else in 64 bits. The divisions of every row index by runtime values,
+// as real (64-bit) divisions, made these kernels instruction-bound (kernels/PERF.md).
 struct RowMap {
-  WindowMap m;
-  bool on;
+  WindowRows w;
+  FastDiv L;  // tokens per image
+  bool on, fast;
 };
 
-RowMap row_map(const WindowMap *m) {
+RowMap row_map(const WindowMap *m, int64_t L, int64_t rows) {
   RowMap r;
   r.on = m != nullptr;
-  r.m = m ? *m : WindowMap{1, 1, 1, 1, 0, 0};
+  WindowMap plain = {1, 1, 1, 1, 0, 0};
+  r.w = window_rows_make(m ? m : &plain);
+  r.fast = rows < ((int64_t)1 << 31) && L < ((int64_t)1 << 31);
+  r.L = fast_div_make(r.fast ? (uint32_t)L : 1u);
   return r;
+}
+
+// The image of token t: t / L.
+__device__ __forceinline__ int64_t image_of(const RowMap &map, int64_t t, int64_t L) {
+  return map.fast ? (int64_t)fast_div(map.L, (uint32_t)t) : t / L;
 }
 
 // Row of token t (image b = t / L) in the order of map (t itself when the map is off).
 __device__ __forceinline__ int64_t mapped_row(const RowMap &map, int64_t t, int64_t L) {
   if (!map.on) return t;
+  if (map.fast) return (int64_t)window_rows_row(&map.w, (uint32_t)t);
   int64_t b = t / L, yx = t - b * L;
-  int y = (int)(yx / map.m.W), x = (int)(yx - (int64_t)y * map.m.W);
-  return window_row(&map.m, b, y, x);
+  int y = (int)(yx / map.w.m.W), x = (int)(yx - (int64_t)y * map.w.m.W);
+  return window_row(&map.w.m, b, y, x);
 }
 
 // ---- parameter-gradient partials (shared by both backwards) -----------------------------------
@@ -168,7 +181,7 @@ __global__ void __launch_bounds__(kForwardThreads)
   if (branch) {
     const T *br = branch + mapped_row(bmap, t, L) * C;
     T *dst = x_out + t * C;
-    const float s = scale ? scale[t / L] : 1.0f;
+    const float s = scale ? scale[image_of(bmap, t, L)] : 1.0f;
     for (int c = lane * VEC; c < C; c += kWarp * VEC) {
       float xv[VEC], bv[VEC];
       load_vec<T, VEC>(xv, src + c);
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       mean_g = warp_sum(sum_g) / C;
       mean_gx = warp_sum(sum_gx) / C;
     }
-    const float s = scale ? scale[t / L] : 1.0f;
+    const float s = scale ? scale[image_of(bmap, t, L)] : 1.0f;
     T *db = dbranch ? dbranch + mapped_row(bmap, t, L) * C : nullptr;
     for (int c = lane * VEC; c < C; c += kWarp * VEC) {
       float gv[VEC];
@@ -438,7 +451,7 @@ __global__ void __launch_bounds__(kForwardThreads)
   float v[MAXV][VEC];
   const T *xi = x_in + row * C;
   const T *br = branch ? branch + mapped_row(bmap, row, L) * C : nullptr;
-  const float s = branch && scale ? scale[row / L] : 1.0f;
+  const float s = branch && scale ? scale[image_of(bmap, row, L)] : 1.0f;
 #pragma unroll
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
@@ -474,9 +487,11 @@ __global__ void __launch_bounds__(kForwardThreads)
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
     if (c >= C) continue;
-    float yv[VEC];
+    float yv[VEC], wv[VEC], bv[VEC];
+    load_vec<float, VEC>(wv, weight + c);
+    load_vec<float, VEC>(bv, bias + c);
 #pragma unroll
-    for (int e = 0; e < VEC; e++) yv[e] = (v[k][e] - m) * r * weight[c + e] + bias[c + e];
+    for (int e = 0; e < VEC; e++) yv[e] = (v[k][e] - m) * r * wv[e] + bv[e];
     store_vec<T, VEC>(y + c, yv);
   }
   if (sl == 0) {
@@ -553,13 +568,14 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       for (int k = 0; k < MAXV; k++) {
         int c = (k * LANES + sl) * VEC;
         if (c >= C) continue;
-        float dyv[VEC];
+        float dyv[VEC], wv[VEC];
         load_vec<T, VEC>(xh[k], xr + c);
         load_vec<T, VEC>(dyv, dy + c);
+        load_vec<float, VEC>(wv, weight + c);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
           xh[k][e] = (xh[k][e] - m) * r;
-          gy[k][e] = dyv[e] * weight[c + e];
+          gy[k][e] = dyv[e] * wv[e];
           sum_g += gy[k][e];
           sum_gx += gy[k][e] * xh[k][e];
           if (active) {
@@ -576,7 +592,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
           for (int e = 0; e < VEC; e++) g[k][e] = r * (gy[k][e] - mean_g - xh[k][e] * mean_gx);
     }
     if (!active) continue;
-    const float s = scale ? scale[row / L] : 1.0f;
+    const float s = scale ? scale[image_of(bmap, row, L)] : 1.0f;
     T *dbr = dbranch ? dbranch + mapped_row(bmap, row, L) * C : nullptr;
 #pragma unroll
     for (int k = 0; k < MAXV; k++) {
@@ -608,11 +624,20 @@ struct RegShape {
   int lanes, maxv;
 };
 
+// The forward (exact_fit) takes rows of 3 or 4 vectors per lane over 4..32 lanes where they fit
+// exactly (every Swin width: 96 = 12 vectors of 8 bf16 is 4 lanes x 3, 128 is 4 x 4, 384 is
+// 16 x 3, ...): no idle lanes, and the per-row work (statistics, addressing) is shared by few
+// lanes. The backward, which holds three values per element and the parameter-gradient terms,
+// would need ~150 registers for 3 vectors: it and other widths take the smallest power-of-two
+// count of vectors over up to 32 lanes.
 template <typename T>
-RegShape reg_shape(int C) {
+RegShape reg_shape(int C, bool exact_fit) {
   RegShape r = {0, 0};
   if (C % kVec16<T> != 0) return r;
   int nvec = C / kVec16<T>;
+  for (int maxv = 3; maxv <= 4 && exact_fit; maxv++)
+    for (int lanes = 4; lanes <= 32; lanes *= 2)
+      if (nvec == maxv * lanes) return RegShape{lanes, maxv};
   r.lanes = nvec >= 32 ? 32 : nvec > 8 ? 16 : 8;
   int need = (nvec + r.lanes - 1) / r.lanes;
   for (r.maxv = 1; r.maxv < need;) r.maxv *= 2;
@@ -620,7 +645,8 @@ RegShape reg_shape(int C) {
   return r;
 }
 
-// Calls f(integral_constant<MAXV>, integral_constant<LANES>) for the instantiated shapes.
+// Calls f(integral_constant<MAXV>, integral_constant<LANES>) for the instantiated shapes: the
+// power-of-two ones (both kernels) here, the exact fits of the forward in with_exact_reg_shape.
 template <typename F>
 void with_reg_shape(RegShape r, F f) {
   using std::integral_constant;
@@ -638,6 +664,26 @@ void with_reg_shape(RegShape r, F f) {
     f(integral_constant<int, 8>{}, integral_constant<int, 32>{});
   else
     f(integral_constant<int, 16>{}, integral_constant<int, 32>{});
+}
+
+template <typename F>
+void with_exact_reg_shape(RegShape r, F f) {
+  using std::integral_constant;
+  if (r.maxv != 3 && r.maxv != 4) return with_reg_shape(r, f);
+  auto lanes = [&](auto MAXV) {
+    if (r.lanes == 4)
+      f(MAXV, integral_constant<int, 4>{});
+    else if (r.lanes == 8)
+      f(MAXV, integral_constant<int, 8>{});
+    else if (r.lanes == 16)
+      f(MAXV, integral_constant<int, 16>{});
+    else
+      f(MAXV, integral_constant<int, 32>{});
+  };
+  if (r.maxv == 3)
+    lanes(integral_constant<int, 3>{});
+  else
+    lanes(integral_constant<int, 4>{});
 }
 
 // The register backward's fixed partition: slot count per block from the shared memory its
@@ -680,9 +726,9 @@ void launch_residual_forward(T *xo, T *lo, float *mean, float *rstd, const T *xi
                              const float *bias, RowMap lmap, int64_t N, int64_t L, int C,
                              cudaStream_t stream) {
   const bool aligned = can_vectorize<T>(C, {xo, lo, xi, br});
-  RegShape r = reg_shape<T>(C);
-  if (r.lanes && aligned) {
-    with_reg_shape(r, [&](auto MAXV, auto LANES) {
+  RegShape r = reg_shape<T>(C, true);
+  if (r.lanes && aligned && aligned16(weight) && aligned16(bias)) {
+    with_exact_reg_shape(r, [&](auto MAXV, auto LANES) {
       constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
       const int64_t rows_per_block = (int64_t)kForwardWarpsPerBlock * (32 / kLanes);
       residual_layernorm_forward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>
@@ -708,8 +754,8 @@ BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, c
                                       const float *mean, const float *rstd, RowMap bmap,
                                       const float *scale, RowMap lmap, int64_t N, int64_t L, int C,
                                       cudaStream_t stream) {
-  RegShape r = reg_shape<T>(C);
-  if (r.lanes && can_vectorize<T>(C, {dbr, dy, xr, dres_in, dres_out})) {
+  RegShape r = reg_shape<T>(C, false);
+  if (r.lanes && can_vectorize<T>(C, {dbr, dy, xr, dres_in, dres_out}) && aligned16(weight)) {
     BackwardPlan p = reg_backward_plan(N, C, r.lanes);
     const size_t shared = dy ? p.shared_bytes : 0;
     with_reg_shape(r, [&](auto MAXV, auto LANES) {
@@ -754,18 +800,19 @@ void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float 
     fprintf(stderr, "residual_layernorm_forward_cuda: a branch needs x_out\n");
     abort();
   }
-  SWIN_DISPATCH(dt, T,
-                launch_residual_forward<T>(static_cast<T *>(x_out), static_cast<T *>(ln_out), mean,
-                                           rstd, static_cast<const T *>(x_in),
-                                           static_cast<const T *>(branch), row_map(branch_map),
-                                           scale, weight, bias, row_map(ln_map), N, L, C, stream));
+  SWIN_DISPATCH(
+      dt, T,
+      launch_residual_forward<T>(static_cast<T *>(x_out), static_cast<T *>(ln_out), mean, rstd,
+                                 static_cast<const T *>(x_in), static_cast<const T *>(branch),
+                                 row_map(branch_map, L, N), scale, weight, bias,
+                                 row_map(ln_map, L, N), N, L, C, stream));
   CUDA_CHECK_LAUNCH();
 }
 
 int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C) {
   if (rows <= 0 || C <= 0) return 0;
   int64_t a = backward_plan(rows, C).blocks, b = 0;
-  for (int lanes = 8; lanes <= 32; lanes *= 2) {  // any register shape the dispatch may pick
+  for (int lanes = 4; lanes <= 32; lanes *= 2) {  // any register shape the dispatch may pick
     int64_t k = reg_backward_plan(rows, C, lanes).blocks;
     b = k > b ? k : b;
   }
@@ -785,7 +832,7 @@ void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, 
                 p = launch_residual_backward<T>(
                     dres_out, static_cast<T *>(dbranch), scratch, dres_in,
                     static_cast<const T *>(dln), static_cast<const T *>(x), weight, mean, rstd,
-                    row_map(branch_map), scale, row_map(ln_map), N, L, C, stream));
+                    row_map(branch_map, L, N), scale, row_map(ln_map, L, N), N, L, C, stream));
   CUDA_CHECK_LAUNCH();
   if (dln) launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, C, stream);
 }
