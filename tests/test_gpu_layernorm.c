@@ -4,8 +4,12 @@
 // below (window partition / reverse folded in through shifted and unshifted maps, drop-path scales
 // with a zero, dres aliasing, no dres, no LayerNorm term); the shapes cover the 16-byte path, the
 // scalar path (C = 30), Swin-T's stage 1 at batch 2, and a large C (fewer warps per backward
-// block). Parameter gradients accumulate onto random values; every backward runs twice and must
-// give the same bits.
+// block). The merge runs on those shapes and on Swin-T's three merges (C = 96, 192, 384 on
+// 56x56, 28x28, 14x14 maps, batches large enough that each backward slot takes several rows), a
+// ragged one (the last block part full, odd W/2); together they reach every register shape of
+// bf16 / fp16 / fp32 that Swin-T uses and both fallbacks (C = 30 scalar; 4C = 6144, too wide for
+// registers). Parameter gradients accumulate onto random values; every backward runs twice and
+// must give the same bits.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -23,6 +27,15 @@ static const LnShape shapes[] = {
     {"large C (4 warps per backward block, 1 in the merge)", 2, 8, 8, 1536, 4, 2},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+// Patch merging + LayerNorm (window and shift unused): the shapes above and these.
+static const LnShape merge_only_shapes[] = {
+    {"ragged: 105 merged rows, W/2 = 7", 3, 10, 14, 96, 0, 0},
+    {"Swin-T merge 1 (4C = 384)", 7, 56, 56, 96, 0, 0},
+    {"Swin-T merge 2 (4C = 768)", 16, 28, 28, 192, 0, 0},
+    {"Swin-T merge 3 (4C = 1536)", 32, 14, 14, 384, 0, 0},
+};
+#define NUM_MERGE_ONLY_SHAPES ((int)(sizeof merge_only_shapes / sizeof merge_only_shapes[0]))
 
 // Which window order a tensor is in: token order (no map), unshifted or shifted windows.
 typedef enum { MAP_NONE, MAP_PLAIN, MAP_SHIFTED } MapKind;
@@ -404,24 +417,27 @@ static void check_merge(BackendPair *p, const LnShape *s, TestRng *rng) {
   const int64_t n = shape_rows(s) * s->C, rows = shape_rows(s) / 4;
   const int C4 = 4 * s->C;
   char ctx[512];
-  describe(ctx, sizeof ctx, "merge_layernorm", "2x2 merge + LN", p->precision, s);
+  snprintf(ctx, sizeof ctx, "merge_layernorm [%s] %s, B=%d %dx%d C=%d (2x2 merge + LN)",
+           p->precision, s->name, s->B, s->H, s->W, s->C);
   float *tokens = random_rows(rng, dt, shape_rows(s), s->C);
   float *weight = test_alloc_floats(C4), *bias = test_alloc_floats(C4);
   test_fill_uniform(rng, weight, C4, 0.5f, 1.5f);
   test_fill_uniform(rng, bias, C4, -0.5f, 0.5f);
 
   // Forward: the same gather and fp32 LayerNorm, the GPU's output rounded once to dt.
-  float *out[2], *mean[2], *rstd[2];
-  for (int k = 0; k < 2; k++) {
+  float *out[3], *mean[3], *rstd[3];  // CPU, GPU, GPU again
+  for (int k = 0; k < 3; k++) {
     out[k] = test_alloc_floats(n);
     mean[k] = test_alloc_floats(rows);
     rstd[k] = test_alloc_floats(rows);
+    merge_forward_on(k == 0 ? &p->cpu : &p->gpu, s, tokens, weight, bias, out[k], mean[k], rstd[k]);
   }
-  merge_forward_on(&p->cpu, s, tokens, weight, bias, out[0], mean[0], rstd[0]);
-  merge_forward_on(&p->gpu, s, tokens, weight, bias, out[1], mean[1], rstd[1]);
   test_compare(ctx, "forward out", out[1], out[0], n, tol_stored(dt));
   test_compare(ctx, "forward mean", mean[1], mean[0], rows, TOL_F32);
   test_compare(ctx, "forward rstd", rstd[1], rstd[0], rows, TOL_F32);
+  test_same_bits(ctx, "forward out, two GPU runs", out[1], out[2], n);
+  test_same_bits(ctx, "forward mean, two GPU runs", mean[1], mean[2], rows);
+  test_same_bits(ctx, "forward rstd, two GPU runs", rstd[1], rstd[2], rows);
 
   // Backward from the CPU's statistics: fp32 on both sides from the same inputs.
   float *dout = test_random_act(rng, dt, n, -1.0f, 1.0f);
@@ -444,11 +460,9 @@ static void check_merge(BackendPair *p, const LnShape *s, TestRng *rng) {
   test_same_bits(ctx, "backward dbias, two GPU runs", db[1], db[2], C4);
 
   for (int k = 0; k < 3; k++) {
-    if (k < 2) {
-      free(out[k]);
-      free(mean[k]);
-      free(rstd[k]);
-    }
+    free(out[k]);
+    free(mean[k]);
+    free(rstd[k]);
     free(dtok[k]);
     free(dw[k]);
     free(db[k]);
@@ -461,8 +475,8 @@ static void check_merge(BackendPair *p, const LnShape *s, TestRng *rng) {
 // backward keeps 2 * width partial sums per block, the merge's width being 4C.
 static BackendNeeds needs_for_shapes(void) {
   BackendNeeds nd = {.max_batch = 1};
-  for (int i = 0; i < NUM_SHAPES; i++) {
-    const LnShape *s = &shapes[i];
+  for (int i = 0; i < NUM_SHAPES + NUM_MERGE_ONLY_SHAPES; i++) {
+    const LnShape *s = i < NUM_SHAPES ? &shapes[i] : &merge_only_shapes[i - NUM_SHAPES];
     int64_t rows = shape_rows(s), n = rows * s->C;
     if (n > nd.max_elements) nd.max_elements = n;
     if (rows > nd.max_rows) nd.max_rows = rows;
@@ -489,6 +503,8 @@ int main(void) {
         check_backward(&p, s, &backward_modes[m], &rng);
       check_merge(&p, s, &rng);
     }
+    for (int si = 0; si < NUM_MERGE_ONLY_SHAPES; si++)
+      check_merge(&p, &merge_only_shapes[si], &rng);
     if (pi == 0) negative_control(&p, &shapes[0], &rng);
     backend_pair_destroy(&p);
   }

@@ -1,9 +1,12 @@
 // test_gpu_patch.c: the CUDA backend's patch-embedding input and drop-path scales against the CPU
 // backend's, in fp32, bf16 and fp16.
 //   patch_embed_input: uint8 pixels normalized per channel, or f32 images as given; Cin = 1 and 3,
-//   p = 4 and 2. Both backends compute ((float)v / 255 - mean) / std with IEEE division and no
-//   contraction possible, so the GPU's patches must be exactly the CPU's rounded to the compute
-//   type, bit for bit.
+//   p = 4 and 2, Swin-T's 224x224x3 input, and maps that p does not divide (the edge pixels are
+//   left out). Both backends compute ((float)v / 255 - mean) / std with IEEE division and no
+//   contraction possible (the GPU's strip kernel through a table of those values), so the GPU's
+//   patches must be exactly the CPU's rounded to the compute type, bit for bit. The shapes cover
+//   both CUDA paths: the strip kernel (16-byte rows of p-row strips, 16-byte output strips) and
+//   the per-element fallback.
 //   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits;
 //   and a call for samples [k, k + B) of a batch (first_sample = k, as rank r of a data-parallel
 //   job draws) must give exactly that slice of the scales of the whole batch.
@@ -16,25 +19,33 @@ typedef struct {
   int B, H, W, Cin, p;
 } PatchShape;
 
+// The CUDA path of each (strip: the strip kernel; element: the per-element kernel).
 static const PatchShape shapes[] = {
-    {2, 16, 24, 3, 4},
-    {2, 16, 24, 3, 2},
-    {3, 32, 32, 1, 4},  // Fashion-MNIST's layout
-    {2, 12, 20, 1, 2},
+    {2, 16, 24, 3, 4},    // strip (uint8 strips of 288 bytes)
+    {2, 16, 24, 3, 2},    // strip (a 16-byte bf16 chunk spans 2/3 of a patch row)
+    {3, 32, 32, 1, 4},    // strip; Fashion-MNIST's layout
+    {2, 12, 20, 1, 2},    // uint8: element (40-byte strips); f32: strip, a chunk spans 2 patches
+    {2, 224, 224, 3, 4},  // strip; Swin-T's input
+    {1, 18, 26, 3, 4},    // H, W not multiples of p: uint8 element (78-byte rows), f32 strip
+    {2, 8, 10, 3, 2},     // element (60-byte uint8 strips; 120-byte bf16 / fp16 output strips)
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 static const Normalize norm = {{0.485f, 0.456f, 0.406f, 0.5f}, {0.229f, 0.224f, 0.225f, 0.25f}};
 
+static int64_t input_count(const PatchShape *s) {
+  return (int64_t)s->B * s->H * s->W * s->Cin;
+}
+// Pixels in some patch: all of them when p divides H and W.
 static int64_t patch_count(const PatchShape *s) {
-  return (int64_t)s->B * s->H * s->W * s->Cin;  // every pixel lands in exactly one patch row
+  return (int64_t)s->B * (s->H / s->p) * (s->W / s->p) * s->Cin * s->p * s->p;
 }
 
 // patches (B, H/p, W/p, Cin*p*p) from input (B, H, W, Cin) of input_dtype (U8 or F32).
 static void patch_on(Backend *be, const PatchShape *s, const void *input_h, DType input_dtype,
                      Normalize nm, float *patches_h) {
   const int64_t n = patch_count(s);
-  void *input = be_copy_bytes(be, input_h, (size_t)n * dtype_size(input_dtype));
+  void *input = be_copy_bytes(be, input_h, (size_t)input_count(s) * dtype_size(input_dtype));
   void *patches = be_poisoned_act(be, n);
   be->ops->patch_embed_input(be, patches, input, input_dtype, nm, s->B, s->H, s->W, s->Cin, s->p);
   be_read_act(be, patches_h, patches, n);
@@ -44,18 +55,18 @@ static void patch_on(Backend *be, const PatchShape *s, const void *input_h, DTyp
 
 static void check_patch(BackendPair *p, const PatchShape *s, DType input_dtype, TestRng *rng) {
   const DType dt = p->gpu.act;
-  const int64_t n = patch_count(s);
+  const int64_t n = patch_count(s), n_in = input_count(s);
   char ctx[256];
   snprintf(ctx, sizeof ctx, "patch_embed_input [%s] %s input B=%d %dx%d Cin=%d p=%d", p->precision,
            input_dtype == DTYPE_U8 ? "uint8" : "f32", s->B, s->H, s->W, s->Cin, s->p);
   void *input;
   if (input_dtype == DTYPE_U8) {
-    uint8_t *px = (uint8_t *)malloc_check((size_t)n);
-    for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
+    uint8_t *px = (uint8_t *)malloc_check((size_t)n_in);
+    for (int64_t i = 0; i < n_in; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
     input = px;
   } else {
-    input = test_alloc_floats(n);
-    test_fill_uniform(rng, (float *)input, n, -2.0f, 2.0f);
+    input = test_alloc_floats(n_in);
+    test_fill_uniform(rng, (float *)input, n_in, -2.0f, 2.0f);
   }
   float *want = test_alloc_floats(n), *got = test_alloc_floats(n);
   patch_on(&p->cpu, s, input, input_dtype, norm, want);
@@ -125,9 +136,9 @@ static void check_drop_path(BackendPair *p) {
 // Negative control: the GPU normalizing with channel 0's mean off by 1e-3 must not match.
 static void negative_control(BackendPair *p, TestRng *rng) {
   const PatchShape *s = &shapes[0];
-  const int64_t n = patch_count(s);
-  uint8_t *px = (uint8_t *)malloc_check((size_t)n);
-  for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
+  const int64_t n = patch_count(s), n_in = input_count(s);
+  uint8_t *px = (uint8_t *)malloc_check((size_t)n_in);
+  for (int64_t i = 0; i < n_in; i++) px[i] = (uint8_t)(test_rng_u64(rng) >> 56);
   Normalize off = norm;
   off.mean[0] += 1e-3f;
   float *want = test_alloc_floats(n), *got = test_alloc_floats(n);
@@ -152,7 +163,7 @@ int main(void) {
   // The CPU normalizes uint8 input in its scratch (B*H*W*Cin floats).
   BackendNeeds needs = {.max_elements = 1, .max_rows = 1, .max_width = 1, .max_batch = 1};
   for (int i = 0; i < NUM_SHAPES; i++)
-    if (patch_count(&shapes[i]) > needs.max_elements) needs.max_elements = patch_count(&shapes[i]);
+    if (input_count(&shapes[i]) > needs.max_elements) needs.max_elements = input_count(&shapes[i]);
   for (int pi = 0; pi < GPU_TEST_PRECISIONS; pi++) {
     BackendPair p;
     backend_pair_create(&p, gpu_test_precisions[pi], &needs);

@@ -17,6 +17,7 @@
 // column, no races), the block adds its warps in warp order into its slot of scratch, and a
 // second kernel adds the blocks' slots in block order (in double). The partition depends only on
 // (rows, C), so the gradients are bitwise the same run after run.
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -308,7 +309,9 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 
 // ---- patch merging + LayerNorm ----------------------------------------------------------------
 // Merged row u = (b, y, x) of (B, H/2, W/2, 4C): segment k (C values) is token (2y + dy, 2x + dx)
-// with (dy, dx) = (k & 1, k >> 1), timm's order (kernels/patch.h).
+// with (dy, dx) = (k & 1, k >> 1), timm's order (kernels/patch.h). The multi-pass kernels here
+// serve the rows the register kernels (further down) cannot hold: C not a multiple of the
+// vector, misaligned bases, or 4C too wide for a lane's registers.
 __device__ __forceinline__ int64_t merge_source_row(int64_t u, int k, int H, int W) {
   int H2 = H / 2, W2 = W / 2;
   int64_t b = u / ((int64_t)H2 * W2), yx = u - b * H2 * W2;
@@ -702,6 +705,277 @@ BackwardPlan reg_backward_plan(int64_t N, int C, int lanes) {
   return p;
 }
 
+// ---- patch merging + LayerNorm, register-resident -----------------------------------------
+// The merge's fast path on the register kernels' layout: merged row u (4C elements) is read
+// once from its four tokens into registers and written once, and the backward keeps dweight /
+// dbias terms per lane in registers and meets in store_slot_partials. A vector lies inside one
+// of the four C-element segments (VEC divides C); segment k's token is the merged row's first
+// token (b, 2y, 2x) moved by dy * W + dx (merge_source_row's order), so the token offset of each
+// of a lane's vectors depends only on its columns and is computed once.
+
+// Registers a lane's share of a merged row may take in the backward: per element its dweight
+// and dbias terms (f32) and its token and dout values as loaded, 2 + 2 * sizeof(T) / 4
+// registers. 144 keep the kernel within a thread's 255 registers without spilling: 48 elements
+// (6 vectors) in bf16 / f16, 36 in f32 (8 vectors, 32 elements, the widest shape that fits).
+constexpr int kMergeMaxLaneRegs = 144;
+
+template <typename T>
+constexpr bool merge_lane_fits(int maxv) {
+  return maxv * kVec16<T> * (8 + 2 * (int)sizeof(T)) <= 4 * kMergeMaxLaneRegs;
+}
+
+// Token row of merged row u's first neighbour (b, 2y, 2x); N <= INT_MAX on this path.
+__device__ __forceinline__ int64_t merge_first_token(int u, int H, int W) {
+  const int H2 = H / 2, W2 = W / 2;
+  const int b = u / (H2 * W2), yx = u - b * (H2 * W2);
+  const int y = yx / W2, x = yx - y * W2;
+  return ((int64_t)b * H + 2 * y) * W + 2 * x;
+}
+
+// Offset (elements) from the first token's start of merged-row element e: segment k = e / C is
+// token (dy, dx) = (k & 1, k >> 1) of the 2x2 neighbourhood. (W + 2) * C <= INT_MAX on this path.
+__device__ __forceinline__ int merge_token_offset(int e, int W, int C) {
+  const int k = e / C;
+  return ((k & 1) * W + (k >> 1)) * C + (e - k * C);
+}
+
+// VEC consecutive f32 values at p, 16-byte aligned (VEC a multiple of 4), and the store back.
+template <int VEC>
+__device__ __forceinline__ void load_f32(float (&v)[VEC], const float *p) {
+  static_assert(VEC % 4 == 0, "whole float4s");
+#pragma unroll
+  for (int q = 0; q < VEC / 4; q++) {
+    const float4 f = reinterpret_cast<const float4 *>(p)[q];
+    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+  }
+}
+template <int VEC>
+__device__ __forceinline__ void store_f32(float *p, const float (&v)[VEC]) {
+  static_assert(VEC % 4 == 0, "whole float4s");
+#pragma unroll
+  for (int q = 0; q < VEC / 4; q++)
+    reinterpret_cast<float4 *>(p)[q] =
+        make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+}
+
+// (The bound of 3 resident blocks only steers ptxas's register allocation: with the thread bound
+// alone it kept the 3-vector shapes at 48 registers and spilled a pointer; all shapes need < 85.)
+template <typename T, int VEC, int MAXV, int LANES>
+__global__ void __launch_bounds__(kForwardThreads, 3)
+    merge_layernorm_forward_reg_kernel(T *__restrict__ out, float *__restrict__ mean,
+                                       float *__restrict__ rstd, const T *__restrict__ tokens,
+                                       const float *__restrict__ weight,
+                                       const float *__restrict__ bias, int N, int H, int W, int C) {
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const int lane = threadIdx.x % 32, sl = lane % LANES;
+  const int64_t u =
+      ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp + lane / LANES;
+  const bool active = u < N;  // inactive rows still take part in the shuffles
+  const int row = active ? (int)u : 0;
+  const int C4 = 4 * C;
+  const T *first = tokens + merge_first_token(row, H, W) * C;
+  float v[MAXV][VEC];
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    const int e = (k * LANES + sl) * VEC;
+    if (e < C4) load_vec<T, VEC>(v[k], first + merge_token_offset(e, W, C));
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C4)
+#pragma unroll
+      for (int i = 0; i < VEC; i++) sum += v[k][i];
+  const float m = group_sum<LANES>(sum) / C4;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C4)
+#pragma unroll
+      for (int i = 0; i < VEC; i++) sq += (v[k][i] - m) * (v[k][i] - m);
+  // IEEE sqrt and division, as the other LayerNorm kernels.
+  const float r = 1.0f / sqrtf(group_sum<LANES>(sq) / C4 + LAYERNORM_EPS);
+  if (!active) return;
+  T *y = out + (int64_t)row * C4;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    const int e = (k * LANES + sl) * VEC;
+    if (e >= C4) continue;
+    float wv[VEC], bv[VEC], yv[VEC];
+    load_f32<VEC>(wv, weight + e);
+    load_f32<VEC>(bv, bias + e);
+#pragma unroll
+    for (int i = 0; i < VEC; i++) yv[i] = (v[k][i] - m) * r * wv[i] + bv[i];
+    store_vec<T, VEC>(y + e, yv);
+  }
+  if (sl == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// VEC elements of T from 16 raw bytes (kVec16<T> == VEC).
+template <typename T, int VEC>
+__device__ __forceinline__ void unpack_vec(float (&v)[VEC], const int4 &raw) {
+  static_assert(VEC * sizeof(T) == 16, "one 16-byte vector");
+  const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+  for (int i = 0; i < VEC; i++) v[i] = to_float<T>(e[i]);
+}
+
+// The backward of merged rows [blockIdx.x * rows_per_block, ...): the multi-pass kernel's
+// formula, dtokens[token of element e] = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+// g = dout * weight. The row's tokens and dout stay in registers as loaded (16 bytes per
+// vector, half the registers of floats in bf16 / f16) and x-hat and g are formed from them in
+// each of the two passes, the same operations both times; weight is re-read from L1. dtokens
+// (f32) is written with 16-byte stores.
+template <typename T, int VEC, int MAXV, int LANES>
+__global__ void __launch_bounds__(kBackwardMaxThreads)
+    merge_layernorm_backward_reg_kernel(float *__restrict__ dtokens, float *__restrict__ partial,
+                                        const T *__restrict__ dout, const T *__restrict__ tokens,
+                                        const float *__restrict__ weight,
+                                        const float *__restrict__ mean,
+                                        const float *__restrict__ rstd, int N, int H, int W, int C,
+                                        int64_t rows_per_block) {
+  extern __shared__ float4 shared_f4[];
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const int lane = threadIdx.x % 32, sl = lane % LANES;
+  const int slots = blockDim.x / 32 * kRowsPerWarp;
+  const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
+  const int C4 = 4 * C;
+  int offset[MAXV];  // token offsets of this lane's vectors (its columns are fixed)
+  float dw[MAXV][VEC], db[MAXV][VEC];
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    const int e = (k * LANES + sl) * VEC;
+    offset[k] = e < C4 ? merge_token_offset(e, W, C) : 0;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
+  }
+
+  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
+  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
+  for (int64_t base = row_begin; base < row_end; base += slots) {
+    const int64_t t = base + slot;
+    const bool active = t < row_end;  // inactive slots still take part in the shuffles
+    const int row = (int)(active ? t : row_begin);
+    const float m = mean[row], r = rstd[row];
+    const int64_t first = merge_first_token(row, H, W) * C;  // element offset in tokens
+    const T *dy = dout + (int64_t)row * C4;
+    int4 x_raw[MAXV], dy_raw[MAXV];
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+      const int e = (k * LANES + sl) * VEC;
+      if (e >= C4) continue;
+      x_raw[k] = *reinterpret_cast<const int4 *>(tokens + first + offset[k]);
+      dy_raw[k] = *reinterpret_cast<const int4 *>(dy + e);
+    }
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+      const int e = (k * LANES + sl) * VEC;
+      if (e >= C4) continue;
+      float xh[VEC], dyv[VEC], wv[VEC];
+      unpack_vec<T, VEC>(xh, x_raw[k]);
+      unpack_vec<T, VEC>(dyv, dy_raw[k]);
+      load_f32<VEC>(wv, weight + e);
+#pragma unroll
+      for (int i = 0; i < VEC; i++) {
+        xh[i] = (xh[i] - m) * r;
+        const float g = dyv[i] * wv[i];
+        sum_g += g;
+        sum_gx += g * xh[i];
+        if (active) {
+          dw[k][i] += dyv[i] * xh[i];
+          db[k][i] += dyv[i];
+        }
+      }
+    }
+    const float mean_g = group_sum<LANES>(sum_g) / C4, mean_gx = group_sum<LANES>(sum_gx) / C4;
+    if (!active) continue;
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+      const int e = (k * LANES + sl) * VEC;
+      if (e >= C4) continue;
+      float xv[VEC], dyv[VEC], wv[VEC], dx[VEC];
+      unpack_vec<T, VEC>(xv, x_raw[k]);
+      unpack_vec<T, VEC>(dyv, dy_raw[k]);
+      load_f32<VEC>(wv, weight + e);
+#pragma unroll
+      for (int i = 0; i < VEC; i++) {
+        const float xhat = (xv[i] - m) * r;
+        dx[i] = r * (dyv[i] * wv[i] - mean_g - xhat * mean_gx);
+      }
+      store_f32<VEC>(dtokens + first + offset[k], dx);
+    }
+  }
+  store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, C4,
+                                        slot, slots);
+}
+
+// The merge's register shapes (lanes per row, vectors per lane). merge_shape picks the one that
+// leaves the fewest vector slots empty (ties: more lanes, fewer registers), e.g. in bf16 Swin-T's
+// 4C = 384 / 768 / 1536 (48 / 96 / 192 vectors) as 16 x 3 / 32 x 3 / 32 x 6, every lane full.
+struct MergeShape {
+  int lanes, maxv;
+};
+constexpr MergeShape kMergeShapes[] = {{8, 1},  {16, 1}, {32, 1}, {16, 3}, {32, 2},
+                                       {32, 3}, {32, 4}, {32, 6}, {32, 8}};
+constexpr int kMergeShapeCount = (int)(sizeof kMergeShapes / sizeof kMergeShapes[0]);
+
+// Index into kMergeShapes for merged rows of 4C elements of T, or -1 (the multi-pass kernels).
+template <typename T>
+int merge_shape(int C) {
+  if (C % kVec16<T> != 0) return -1;
+  const int nvec = 4 * C / kVec16<T>;
+  int best = -1, best_waste = 0;
+  for (int i = 0; i < kMergeShapeCount; i++) {
+    const MergeShape s = kMergeShapes[i];
+    const int waste = s.lanes * s.maxv - nvec;
+    if (!merge_lane_fits<T>(s.maxv) || waste < 0) continue;
+    if (best < 0 || waste < best_waste ||
+        (waste == best_waste && s.lanes > kMergeShapes[best].lanes)) {
+      best = i;
+      best_waste = waste;
+    }
+  }
+  return best;
+}
+
+// Calls f(integral_constant<MAXV>, integral_constant<LANES>) for shape index `shape`; only the
+// shapes T may use are instantiated.
+template <typename T, int I = 0, typename F>
+void with_merge_shape(int shape, F f) {
+  if constexpr (I < kMergeShapeCount) {
+    constexpr MergeShape s = kMergeShapes[I];
+    if (shape != I) return with_merge_shape<T, I + 1>(shape, f);
+    if constexpr (merge_lane_fits<T>(s.maxv))
+      f(std::integral_constant<int, s.maxv>{}, std::integral_constant<int, s.lanes>{});
+  }
+}
+
+// The merge backward's fixed partition: slots per block as reg_backward_plan (2 * 4C floats of
+// shared memory each, within the default 48 KB), and rows per slot so that the blocks come to
+// about kMergeBackwardBlocks: one wave on the H200 at two resident blocks per SM (132 SMs; the
+// bf16 / fp16 shapes of Swin-T's merges take 115-207 registers a thread and 48 KB of shared
+// memory a block, two blocks a SM), each slot walking several rows, so no partial last wave. A
+// constant, so that the partition depends on the shapes only.
+constexpr int64_t kMergeBackwardBlocks = 264;
+
+BackwardPlan merge_backward_plan(int64_t N, int C4, int lanes) {
+  BackwardPlan p;
+  const int per_warp = 32 / lanes;
+  const int64_t fit = kDefaultSharedBytes / (2 * (int64_t)C4 * (int64_t)sizeof(float) * per_warp);
+  p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
+  const int64_t slots = (int64_t)p.warps * per_warp;
+  const int64_t wave = slots * kMergeBackwardBlocks;
+  const int64_t rows_per_slot = N > wave ? (N + wave - 1) / wave : 1;
+  p.rows_per_block = rows_per_slot * slots;
+  p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
+  p.shared_bytes = (size_t)slots * 2 * (size_t)C4 * sizeof(float);
+  return p;
+}
+
 // 16-byte vectors when every row start is 16-byte aligned (width a multiple of the vector and
 // aligned bases), else one element at a time.
 template <typename T>
@@ -786,6 +1060,71 @@ BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, c
   return p;
 }
 
+// The register kernels index merged rows and token offsets in int.
+bool merge_indexable(int64_t N, int W, int C) {
+  return N <= INT_MAX && ((int64_t)W + 2) * C <= INT_MAX;
+}
+
+// The merge forward's kernel for T: the register kernel when the merged row fits a shape and
+// every row start is 16-byte aligned, else the multi-pass one (16-byte vectors when aligned,
+// else scalar).
+template <typename T>
+void launch_merge_forward(T *out, float *mean, float *rstd, const T *tokens, const float *weight,
+                          const float *bias, int64_t N, int H, int W, int C, cudaStream_t stream) {
+  const int shape = merge_shape<T>(C);
+  if (shape >= 0 && merge_indexable(N, W, C) && can_vectorize<T>(C, {out, tokens, weight, bias})) {
+    with_merge_shape<T>(shape, [&](auto MAXV, auto LANES) {
+      constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
+      const int64_t rows_per_block = (int64_t)kForwardWarpsPerBlock * (32 / kLanes);
+      merge_layernorm_forward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>
+          <<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kForwardThreads, 0, stream>>>(
+              out, mean, rstd, tokens, weight, bias, (int)N, H, W, C);
+    });
+    return;
+  }
+  const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
+  if (can_vectorize<T>(C, {out, tokens}))
+    merge_layernorm_forward_kernel<T, kVec16<T>>
+        <<<blocks, kForwardThreads, 0, stream>>>(out, mean, rstd, tokens, weight, bias, N, H, W, C);
+  else
+    merge_layernorm_forward_kernel<T, 1>
+        <<<blocks, kForwardThreads, 0, stream>>>(out, mean, rstd, tokens, weight, bias, N, H, W, C);
+}
+
+// The merge backward's kernel for T, as the forward chooses; returns the plan it used (its
+// blocks hold the parameter-gradient partials).
+template <typename T>
+BackwardPlan launch_merge_backward(float *dtokens, float *scratch, const T *dout, const T *tokens,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int64_t N, int H, int W, int C, cudaStream_t stream) {
+  const int shape = merge_shape<T>(C);
+  if (shape >= 0 && merge_indexable(N, W, C) &&
+      can_vectorize<T>(C, {dtokens, dout, tokens, weight})) {
+    const BackwardPlan p = merge_backward_plan(N, 4 * C, kMergeShapes[shape].lanes);
+    with_merge_shape<T>(shape, [&](auto MAXV, auto LANES) {
+      constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
+      auto kernel = merge_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>;
+      allow_shared(kernel, p.shared_bytes);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
+          dtokens, scratch, dout, tokens, weight, mean, rstd, (int)N, H, W, C, p.rows_per_block);
+    });
+    return p;
+  }
+  const BackwardPlan p = backward_plan(N, 4 * C);
+  if (can_vectorize<T>(C, {dout, tokens}) && C % 4 == 0) {
+    auto kernel = merge_layernorm_backward_kernel<T, kVec16<T>>;
+    allow_shared(kernel, p.shared_bytes);
+    kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
+        dtokens, scratch, dout, tokens, weight, mean, rstd, N, H, W, C, p.rows_per_block);
+  } else {
+    auto kernel = merge_layernorm_backward_kernel<T, 1>;
+    allow_shared(kernel, p.shared_bytes);
+    kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
+        dtokens, scratch, dout, tokens, weight, mean, rstd, N, H, W, C, p.rows_per_block);
+  }
+  return p;
+}
+
 }  // namespace
 
 void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float *mean, float *rstd,
@@ -843,23 +1182,23 @@ void merge_layernorm_forward_cuda(DType dt, void *out, float *mean, float *rstd,
   check_even("merge_layernorm_forward_cuda", H, W);
   int64_t N = (int64_t)B * (H / 2) * (W / 2);
   if (N <= 0 || C <= 0) return;
-  const unsigned blocks = (unsigned)((N + kForwardWarpsPerBlock - 1) / kForwardWarpsPerBlock);
-  SWIN_DISPATCH(dt, T, {
-    T *o = static_cast<T *>(out);
-    const T *tok = static_cast<const T *>(tokens);
-    if (can_vectorize<T>(C, {out, tokens})) {
-      merge_layernorm_forward_kernel<T, kVec16<T>>
-          <<<blocks, kForwardThreads, 0, stream>>>(o, mean, rstd, tok, weight, bias, N, H, W, C);
-    } else {
-      merge_layernorm_forward_kernel<T, 1>
-          <<<blocks, kForwardThreads, 0, stream>>>(o, mean, rstd, tok, weight, bias, N, H, W, C);
-    }
-  });
+  SWIN_DISPATCH(
+      dt, T,
+      launch_merge_forward<T>(static_cast<T *>(out), mean, rstd, static_cast<const T *>(tokens),
+                              weight, bias, N, H, W, C, stream));
   CUDA_CHECK_LAUNCH();
 }
 
+// Partials for whichever backward the dispatch picks: the multi-pass plan or a register shape's.
 int64_t merge_layernorm_backward_cuda_scratch(int B, int H, int W, int C) {
-  return residual_layernorm_backward_cuda_scratch((int64_t)B * (H / 2) * (W / 2), 4 * C);
+  const int64_t N = (int64_t)B * (H / 2) * (W / 2);
+  if (N <= 0 || C <= 0) return 0;
+  int64_t blocks = backward_plan(N, 4 * C).blocks;
+  for (int lanes = 8; lanes <= 32; lanes *= 2) {
+    const int64_t b = merge_backward_plan(N, 4 * C, lanes).blocks;
+    blocks = b > blocks ? b : blocks;
+  }
+  return blocks * 2 * 4 * (int64_t)C;
 }
 
 void merge_layernorm_backward_cuda(DType dt, float *dtokens, float *dweight, float *dbias,
@@ -869,21 +1208,11 @@ void merge_layernorm_backward_cuda(DType dt, float *dtokens, float *dweight, flo
   check_even("merge_layernorm_backward_cuda", H, W);
   int64_t N = (int64_t)B * (H / 2) * (W / 2);
   if (N <= 0 || C <= 0) return;
-  const BackwardPlan p = backward_plan(N, 4 * C);
-  SWIN_DISPATCH(dt, T, {
-    const T *dy = static_cast<const T *>(dout), *tok = static_cast<const T *>(tokens);
-    if (can_vectorize<T>(C, {dout, tokens}) && C % 4 == 0) {
-      auto kernel = merge_layernorm_backward_kernel<T, kVec16<T>>;
-      allow_shared(kernel, p.shared_bytes);
-      kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
-          dtokens, scratch, dy, tok, weight, mean, rstd, N, H, W, C, p.rows_per_block);
-    } else {
-      auto kernel = merge_layernorm_backward_kernel<T, 1>;
-      allow_shared(kernel, p.shared_bytes);
-      kernel<<<(unsigned)p.blocks, p.warps * kWarp, p.shared_bytes, stream>>>(
-          dtokens, scratch, dy, tok, weight, mean, rstd, N, H, W, C, p.rows_per_block);
-    }
-  });
+  BackwardPlan p = {};
+  SWIN_DISPATCH(dt, T,
+                p = launch_merge_backward<T>(dtokens, scratch, static_cast<const T *>(dout),
+                                             static_cast<const T *>(tokens), weight, mean, rstd, N,
+                                             H, W, C, stream));
   CUDA_CHECK_LAUNCH();
   launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, 4 * C, stream);
 }

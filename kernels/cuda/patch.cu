@@ -2,8 +2,25 @@
 // normalized floats as given) and gathered into patch rows in one pass, in the compute type.
 // Patch merging lives with its LayerNorm in kernels/cuda/layernorm.cu.
 //
-// Each output row (one patch) goes to a row of threads striding over its Cin*p*p columns, so the
-// writes are coalesced; the reads walk p pixels of Cin channels per patch row.
+// The fast path works on strips. Strip (b, y) is image b's p rows y*p .. y*p + p - 1: p*W*Cin
+// contiguous input elements, whose Wp patches are Wp*Cin*p*p contiguous output elements. A block
+// copies a strip into shared memory with 16-byte asynchronous copies (cp.async), then each thread
+// gathers the elements of one 16-byte output chunk from shared memory and stores it whole, so
+// both sides of the permutation are contiguous 16-byte accesses. Blocks loop over strips (one
+// wave of blocks, two strip buffers each: the copy of the next strip runs during the gather of
+// this one).
+//
+// uint8 pixels take at most 256 values per channel, so each block first tabulates the normalized
+// value of every (channel, pixel) pair in the compute type, with the expression of the
+// per-element path (((float)v / 255 - mean) / std, IEEE division, then one rounding): a lookup
+// returns exactly the bits the per-element arithmetic would, without two divisions and a
+// channel-indexed parameter read per element.
+//
+// Strips whose rows are not whole 16-byte vectors, output strips that are not, or strips too
+// large for shared memory take the per-element kernel: a row of threads per patch striding over
+// its Cin*p*p columns (coalesced writes; the reads walk p pixels of Cin channels per patch row).
+#include <cuda_pipeline.h>
+
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -18,10 +35,18 @@ namespace {
 using namespace swin_cuda;
 
 constexpr int kThreadsPerBlock = 256;
+// Shared memory a block may use without opting in.
+constexpr int kDefaultSharedBytes = 48 * 1024;
 
 struct Norm {
   float mean[4], std[4];
 };
+
+// Pixel value v of a channel with that mean and std normalized as images_normalize_cpu does: the
+// one expression every uint8 path here evaluates (per element, or once per table entry).
+__device__ __forceinline__ float normalize_pixel(uint8_t v, float mean, float std) {
+  return ((float)v / 255.0f - mean) / std;
+}
 
 // Row u = (b, y, x) of patches (B, Hp, Wp, Cin*p*p); column c*p*p + i*p + j is pixel
 // (y*p + i, x*p + j), channel c, normalized as images_normalize_cpu does for uint8 input.
@@ -42,11 +67,170 @@ __global__ void patch_embed_input_kernel(T *__restrict__ patches, const In *__re
     In v = src[((int64_t)i * W + j) * Cin + c];
     float f;
     if constexpr (sizeof(In) == 1)
-      f = ((float)v / 255.0f - norm.mean[c]) / norm.std[c];
+      f = normalize_pixel(v, norm.mean[c], norm.std[c]);
     else
       f = (float)v;
     dst[col] = from_float<T>(f);
   }
+}
+
+// ---- the strip kernel -------------------------------------------------------------------------
+// Output element o of a strip (o = x * Cin*p*p + c*p*p + i*p + j) is its input element
+// i*W*Cin + (x*p + j)*Cin + c. Thread t stores the 16-byte chunks g = t, t + threads, ... of V
+// elements. The chunk pattern repeats every `period` chunks (lcm(Cin*p*p, V) / V), shifted by
+// `shift` input elements (the p*Cin of each patch it spans), and threads is a multiple of period:
+// so a thread's V input offsets are fixed, computed once, plus (g / period) * shift.
+struct StripPlan {
+  int threads;      // 0: the fast path does not serve these shapes
+  int strip_elems;  // input elements of a strip: p*W*Cin, a whole number of 16-byte vectors
+  int chunks;       // 16-byte output chunks of a strip: Wp*Cin*p*p / V
+  int period, shift;
+  int table_offset;  // bytes: where the pixel table starts in shared memory
+  int shared_bytes;
+};
+
+// Input element (within the strip) of output element o of the strip.
+__device__ __forceinline__ int strip_source(int o, int W, int Cin, int p) {
+  const int pp = p * p, row = Cin * pp;
+  const int x = o / row, col = o - x * row;
+  const int c = col / pp, ij = col - c * pp;
+  const int i = ij / p, j = ij - i * p;
+  return i * W * Cin + (x * p + j) * Cin + c;
+}
+
+// Strip s's input, copied into shared memory at dst without passing through registers
+// (cp.async, one commit group per call), so the copy of the next strip overlaps the gather of
+// this one.
+template <typename In>
+__device__ __forceinline__ void fetch_strip(int4 *dst, const In *input, const StripPlan &sp, int s,
+                                            int Hp, int H, int W, int Cin, int p) {
+  const int b = s / Hp, y = s - b * Hp;
+  const int4 *src =
+      reinterpret_cast<const int4 *>(input + ((int64_t)b * H + (int64_t)y * p) * W * Cin);
+  const int vectors = sp.strip_elems * (int)sizeof(In) / 16;
+  for (int q = threadIdx.x; q < vectors; q += sp.threads)
+    __pipeline_memcpy_async(dst + q, src + q, 16);
+  __pipeline_commit();
+}
+
+template <typename In, typename T>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    patch_embed_strip_kernel(T *__restrict__ patches, const In *__restrict__ input, Norm norm,
+                             StripPlan sp, int strips, int Hp, int H, int W, int Cin, int p) {
+  constexpr int V = kVec16<T>;
+  constexpr bool kPixels = sizeof(In) == 1;
+  extern __shared__ int4 shared_i4[];
+  const int vectors = sp.strip_elems * (int)sizeof(In) / 16;  // of a strip buffer (two of them)
+  T *table = reinterpret_cast<T *>(reinterpret_cast<char *>(shared_i4) + sp.table_offset);
+  const int tid = threadIdx.x;
+  if (blockIdx.x < strips) fetch_strip(shared_i4, input, sp, blockIdx.x, Hp, H, W, Cin, p);
+  if constexpr (kPixels) {
+#pragma unroll
+    for (int c = 0; c < 4; c++)  // entry c*256 + v; c unrolled, so norm is not indexed at run time
+      if (c < Cin)
+        for (int v = tid; v < 256; v += sp.threads)
+          table[c * 256 + v] =
+              from_float<T>(normalize_pixel((uint8_t)v, norm.mean[c], norm.std[c]));
+  }
+  int offset[V], channel[V];  // channel: the pixel table's row offset, c*256
+  const int pp = p * p;
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    const int o = tid % sp.period * V + k;
+    offset[k] = strip_source(o, W, Cin, p);
+    channel[k] = (o % (Cin * pp) / pp) << 8;
+  }
+  const int step = sp.threads / sp.period * sp.shift;
+  for (int s = blockIdx.x, it = 0; s < strips; s += gridDim.x, it++) {
+    if ((int64_t)s + gridDim.x < strips)
+      fetch_strip(shared_i4 + ((it + 1) & 1) * vectors, input, sp, s + gridDim.x, Hp, H, W, Cin, p);
+    else
+      __pipeline_commit();     // an empty group: strip s is still the one before the newest
+    __pipeline_wait_prior(1);  // this thread's copies of strip s have landed
+    __syncthreads();           // and everyone's; the table is built
+    const In *strip = reinterpret_cast<const In *>(shared_i4 + (it & 1) * vectors);
+    int4 *dst = reinterpret_cast<int4 *>(patches + (int64_t)s * sp.chunks * V);
+    int base = tid / sp.period * sp.shift;
+    for (int g = tid; g < sp.chunks; g += sp.threads, base += step) {
+      int4 raw;
+      T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const In v = strip[base + offset[k]];
+        if constexpr (kPixels)
+          e[k] = table[channel[k] + v];
+        else
+          e[k] = from_float<T>((float)v);
+      }
+      dst[g] = raw;
+    }
+    __syncthreads();  // strip s is consumed before its buffer takes strip s + 2 * gridDim.x
+  }
+}
+
+int gcd(int a, int b) {
+  while (b) {
+    int t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// The strip plan for these shapes and pointers; threads == 0 when the fast path does not serve
+// them (rows of strips not whole 16-byte vectors, misaligned bases, a strip too large for the
+// default shared memory, a chunk pattern longer than a block).
+template <typename In, typename T>
+StripPlan strip_plan(const void *patches, const void *input, int H, int W, int Cin, int p) {
+  StripPlan sp = {};
+  constexpr int V = kVec16<T>;
+  const int64_t row_bytes = (int64_t)W * Cin * (int64_t)sizeof(In);  // one image row
+  const int64_t strip_bytes = p * row_bytes;
+  const int64_t out_elems = (int64_t)(W / p) * Cin * p * p;  // one strip's patches
+  const int64_t table_bytes = sizeof(In) == 1 ? 256 * Cin * (int64_t)sizeof(T) : 0;
+  const int row = Cin * p * p, period = row / gcd(row, V);
+  if (!aligned16(patches) || !aligned16(input) || strip_bytes % 16 || (H * row_bytes) % 16 ||
+      out_elems % V || 2 * strip_bytes + table_bytes > kDefaultSharedBytes ||
+      period > kThreadsPerBlock)
+    return sp;
+  sp.threads = kThreadsPerBlock / period * period;
+  sp.strip_elems = (int)(strip_bytes / (int64_t)sizeof(In));
+  sp.chunks = (int)(out_elems / V);
+  sp.period = period;
+  sp.shift = period * V / row * p * Cin;
+  sp.table_offset = (int)(2 * strip_bytes);  // after the two strip buffers
+  sp.shared_bytes = (int)(2 * strip_bytes + table_bytes);
+  return sp;
+}
+
+// One wave of strip blocks: as many as fit on the device at once, at most one per strip.
+template <typename Kernel>
+unsigned strip_blocks(Kernel kernel, const StripPlan &sp, int strips) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, sp.threads,
+                                                           (size_t)sp.shared_bytes));
+  const int64_t wave = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  return (unsigned)(strips < wave ? strips : wave);
+}
+
+template <typename In, typename T>
+void launch_patch_embed(T *patches, const In *input, const Norm &norm, int B, int H, int W, int Cin,
+                        int p, cudaStream_t stream) {
+  const int Hp = H / p;
+  const StripPlan sp = strip_plan<In, T>(patches, input, H, W, Cin, p);
+  if (sp.threads) {
+    auto kernel = patch_embed_strip_kernel<In, T>;
+    const int strips = B * Hp;
+    kernel<<<strip_blocks(kernel, sp, strips), sp.threads, sp.shared_bytes, stream>>>(
+        patches, input, norm, sp, strips, Hp, H, W, Cin, p);
+    return;
+  }
+  const int64_t npatch = (int64_t)B * Hp * (W / p);
+  RowLaunch l = row_launch(npatch, Cin * p * p, kThreadsPerBlock);
+  patch_embed_input_kernel<In, T>
+      <<<l.grid, l.block, 0, stream>>>(patches, input, norm, (int)npatch, H, W, Cin, p);
 }
 
 __global__ void images_normalize_kernel(float *__restrict__ images,
@@ -55,7 +239,7 @@ __global__ void images_normalize_kernel(float *__restrict__ images,
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   int c = (int)(i % Cin);
-  images[i] = ((float)pixels[i] / 255.0f - norm.mean[c]) / norm.std[c];
+  images[i] = normalize_pixel(pixels[i], norm.mean[c], norm.std[c]);
 }
 
 }  // namespace
@@ -76,7 +260,8 @@ void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType in
                             int p, cudaStream_t stream) {
   int64_t npatch = (int64_t)B * (H / p) * (W / p);
   if (npatch <= 0) return;
-  if (npatch > INT_MAX || Cin > 4 || (input_dtype != DTYPE_U8 && input_dtype != DTYPE_F32)) {
+  if (npatch > INT_MAX || Cin < 1 || Cin > 4 ||
+      (input_dtype != DTYPE_U8 && input_dtype != DTYPE_F32)) {
     fprintf(stderr, "patch_embed_input_cuda: unsupported input (%lld patches, Cin %d, %s)\n",
             (long long)npatch, Cin, dtype_name(input_dtype));
     abort();
@@ -86,15 +271,14 @@ void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType in
     norm.mean[c] = mean ? mean[c] : 0.0f;
     norm.std[c] = std ? std[c] : 1.0f;
   }
-  RowLaunch l = row_launch(npatch, Cin * p * p, kThreadsPerBlock);
   SWIN_DISPATCH(dt, T, {
     T *out = static_cast<T *>(patches);
     if (input_dtype == DTYPE_U8)
-      patch_embed_input_kernel<uint8_t, T><<<l.grid, l.block, 0, stream>>>(
-          out, static_cast<const uint8_t *>(input), norm, (int)npatch, H, W, Cin, p);
+      launch_patch_embed<uint8_t, T>(out, static_cast<const uint8_t *>(input), norm, B, H, W, Cin,
+                                     p, stream);
     else
-      patch_embed_input_kernel<float, T><<<l.grid, l.block, 0, stream>>>(
-          out, static_cast<const float *>(input), norm, (int)npatch, H, W, Cin, p);
+      launch_patch_embed<float, T>(out, static_cast<const float *>(input), norm, B, H, W, Cin, p,
+                                   stream);
   });
   CUDA_CHECK_LAUNCH();
 }
