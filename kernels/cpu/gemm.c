@@ -402,3 +402,17 @@ void linear_backward_cpu(float *dinp, float *dweight, float *dbias, const float 
   p.a_row_sums = dbias;
   gemm_run(&p);
 }
+
+void column_sums_cpu(float *sums, const float *x, int64_t rows, int cols) {
+  // Groups of 64 columns: a row's part is one contiguous read, the accumulators stay in L1.
+  enum { GROUP = 64 };
+  for (int c0 = 0; c0 < cols; c0 += GROUP) {
+    int n = cols - c0 < GROUP ? cols - c0 : GROUP;
+    double acc[GROUP] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+      const float *row = x + r * cols + c0;
+      for (int c = 0; c < n; c++) acc[c] += row[c];
+    }
+    for (int c = 0; c < n; c++) sums[c0 + c] += (float)acc[c];
+  }
+}
