@@ -129,8 +129,8 @@ static void backward_on(Backend *be, const AttnShape *s, const AttnIn *in, AttnO
   float *saved = be_copy_f32(be, o->saved, o->saved_floats);
   float *dtable = be_copy_f32(be, in->dtable0, (int64_t)g.rows * s->heads);
   void *dqkv = be_poisoned_act(be, g.qkv);
-  be->ops->attention_backward(be, dqkv, dtable, dout, qkv, table, index, mask, saved, g.BW, g.nW,
-                              g.N, s->C, s->heads);
+  be->ops->attention_backward(be, dqkv, NULL, dtable, dout, qkv, table, index, mask, saved, g.BW,
+                              g.nW, g.N, s->C, s->heads);
   be_read_act(be, o->dqkv, dqkv, g.qkv);
   be_read_f32(be, o->dtable, dtable, (int64_t)g.rows * s->heads);
   void *bufs[] = {qkv, dout, table, index, mask, saved, dtable, dqkv};

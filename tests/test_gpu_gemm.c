@@ -133,7 +133,7 @@ typedef struct {
 
 static const BackwardMode backward_modes[] = {
     {"dinp, dweight, dbias", true, false, true},
-    {"gelu_linear_backward: hidden = GELU(pre), dpre, dweight, dbias", true, true, true},
+    {"gelu_linear_backward: hidden = GELU(pre), dpre, dweight", true, true, false},
     {"no dinp (patch embedding), dweight, dbias", false, false, true},
     {"dinp, dweight, no dbias (patch merging)", true, false, false},
 };

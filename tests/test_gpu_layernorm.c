@@ -273,7 +273,7 @@ static void backward_on(Backend *be, const LnShape *s, const BackwardMode *md, c
   }
   float *scale = md->scale ? be_copy_f32(be, in->scale, s->B) : NULL;
   WindowMap bm = shape_map(s, md->bmap), lm = shape_map(s, md->lmap);
-  be->ops->residual_layernorm_backward(be, dres_out, dbranch, dweight, dbias, dres_in, dln, x,
+  be->ops->residual_layernorm_backward(be, dres_out, dbranch, NULL, dweight, dbias, dres_in, dln, x,
                                        weight, mean, rstd, map_or_null(&bm, md->bmap), scale,
                                        map_or_null(&lm, md->lmap), s->B, L, s->C);
   if (dres_out) be_read_f32(be, out->dres_out, dres_out, n);
