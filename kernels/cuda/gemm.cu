@@ -13,10 +13,14 @@
 // (its split-K reductions are fixed-order), so a run's bits do not change from step to step.
 //
 // Epilogues: the bias add of the forward, and in the backward the bias gradient (BGRADB: the
-// column sums of dout, reduced inside the dweight product that reads dout anyway). Where
-// cuBLASLt has no algorithm with BGRADB for a problem, the column sums run as two passes of
-// our own instead. cuBLASLt's GELU epilogues are not used: they compute the tanh approximation,
-// and the models here use the exact (erf) GELU (kernels/cuda/gelu.cu).
+// column sums of dout, reduced inside the dweight product that reads dout anyway) for callers
+// that ask linear_backward_cuda for one (the head). Where cuBLASLt has no algorithm with BGRADB
+// for a problem, the column sums run as two passes of our own instead (column_sums_cuda). The
+// model's linear layers ask for none: cuBLASLt often ran BGRADB as a separate small kernel, so
+// their bias gradients come from the kernels that write their output gradients, on the tiling
+// of kernels/cuda/common.cuh, with column_partials_reduce_cuda as the second pass. cuBLASLt's GELU
+// epilogues are not used: they compute the tanh approximation, and the models here use the exact
+// (erf) GELU (kernels/cuda/gelu.cu).
 #include <cublasLt.h>
 
 #include <climits>
