@@ -640,10 +640,10 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
 
 // Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
 // the buffer is final. Backward writes each tensor's gradient in one place, walking the layout
-// (src/model.h) from its end to its start; the exceptions inside a block (the bias table's
-// gradient comes before qkv's, though it lies below; each bias gradient comes before its
-// weight's) are why marks fall only between blocks. (A block's fc2 bias is written while the
-// block above finishes, but it lies inside its own block, below that block's mark.)
+// (src/model.h) from its end to its start; the exception inside a block (the bias table's
+// gradient comes before qkv's, though it lies below) is why marks fall only between blocks. A
+// block's fc2 bias, its last tensor, is written by the LN1 backward of the block after it (the
+// stage-end residual for a stage's last block), before that block's mark, which lies above it.
 static void grads_final_from(Model *m, const float *lowest) {
   if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
 }
