@@ -25,10 +25,15 @@ void gelu_backward_cpu(float *dinp, const float *inp, const float *dout, int64_t
 // unbounded as GELU' goes to 0), which the gradient dout * GELU' does not notice. 16-byte
 // accesses when the pointers are 16-byte aligned.
 void gelu_forward_cuda(DType dt, void *out, const void *inp, int64_t n, cudaStream_t stream);
-// The MLP backward's pair in one pass: out = GELU(inp) (the forward recomputed) and dinp = dout *
-// GELU'(inp).
+// The MLP backward's pair in one pass over (rows, cols) tensors: out = GELU(inp) (the forward
+// recomputed) and dinp = dout * GELU'(inp); with dinp_sums (cols, f32), also dinp_sums += the
+// column sums of dinp as stored (the bias gradient of the linear layer before the GELU), left by
+// the same pass as per-chunk partials in scratch (column_sums_cuda_scratch(rows, cols) floats,
+// kernels/gemm.h) and added in a fixed order: bitwise the same run after run. dinp_sums and
+// scratch may be NULL.
 void gelu_recompute_backward_cuda(DType dt, void *out, void *dinp, const void *inp,
-                                  const void *dout, int64_t n, cudaStream_t stream);
+                                  const void *dout, int64_t rows, int cols, float *dinp_sums,
+                                  float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -32,6 +32,11 @@ void linear_forward_cpu(float *out, const float *inp, const float *weight, const
 // (it is summed while dout is packed for the dweight product, so dweight must not be NULL).
 void linear_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout,
                          const float *inp, const float *weight, int64_t N, int IC, int OC);
+// A bias gradient on its own: sums (cols) += the column sums of x (rows, cols), each column
+// added over the rows in order in double, in one thread: the bits depend on nothing but the
+// values. For ops whose output gradient feeds a linear layer's bias (the CPU backend's
+// compositions of the GPU's fused bias gradients).
+void column_sums_cpu(float *sums, const float *x, int64_t rows, int cols);
 
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms, on cuBLASLt, for operands of element type F32, BF16 or F16 with f32 accumulation
@@ -63,6 +68,20 @@ int64_t linear_backward_cuda_scratch(int64_t N, int OC);
 void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, float *dbias,
                           const void *dout, const void *inp, const void *weight, int64_t N, int IC,
                           int OC, float *scratch);
+
+// Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
+// x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows
+// in scratch (column_sums_cuda_scratch(rows, cols) floats), on a tiling that depends on (rows,
+// cols) and on whether x allows 16-byte loads alone (kernels/cuda/common.cuh); the second adds
+// the chunks in a fixed order in double.
+// Kernels that write a tensor whose column sums are wanted leave such partials themselves and
+// call the second pass, column_partials_reduce_cuda: out[c] += sum over p < parts of
+// partial[p * cols + c].
+int64_t column_sums_cuda_scratch(int64_t rows, int cols);
+void column_sums_cuda(DType dt, float *out, const void *x, int64_t rows, int cols, float *scratch,
+                      cudaStream_t stream);
+void column_partials_reduce_cuda(float *out, const float *partial, int64_t parts, int cols,
+                                 cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -44,6 +44,8 @@ void residual_layernorm_forward_cpu(float *x_out, float *ln_out, float *mean, fl
 //   g[t] = dres_in[t] (or 0 when NULL) + LN_backward(dln[lmap(t)]) (dln given)
 //   dres_out[t] = g[t] (dres_out given; may alias dres_in); dbranch[bmap(t)] = scale[b] g[t]
 //   dweight, dbias accumulated (+=) when dln is given.
+// (The CUDA form also sums dbranch's columns, the bias gradient of the layer whose output the
+// branch is; on the CPU the backend adds column_sums_cpu of dbranch, kernels/gemm.h.)
 void residual_layernorm_backward_cpu(float *dres_out, float *dbranch, float *dweight, float *dbias,
                                      const float *dres_in, const float *dln, const float *x,
                                      const float *weight, const float *mean, const float *rstd,
@@ -58,9 +60,11 @@ void residual_layernorm_backward_cpu(float *dres_out, float *dbranch, float *dwe
 // structs). The forward stores x_out in dt and normalizes the stored value, so the backward sees
 // what the forward saw. Statistics are reduced in fp32 (warp shuffles over one row) rather than
 // double, so results may differ from the CPU in the last bits. With a branch, x_out must be
-// given (it may be x_in). The backward's parameter gradients go through scratch
-// (residual_layernorm_backward_cuda_scratch(B*L, C) floats) in a fixed order: bitwise the same
-// run after run.
+// given (it may be x_in). The backward's dbranch_bias (C, f32, or NULL) += the column sums of
+// dbranch as stored (in dt, scaled; the order of its rows does not matter to a sum), with or
+// without dln. Its parameter gradients (dweight, dbias with dln; dbranch_bias) go through scratch
+// (residual_layernorm_backward_cuda_scratch(B*L, C) floats; NULL when neither is asked for) in a
+// fixed order: bitwise the same run after run.
 void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float *mean, float *rstd,
                                      const void *x_in, const void *branch,
                                      const WindowMap *branch_map, const float *scale,
@@ -68,12 +72,13 @@ void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float 
                                      const WindowMap *ln_map, int B, int64_t L, int C,
                                      cudaStream_t stream);
 int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C);
-void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dweight,
-                                      float *dbias, const float *dres_in, const void *dln,
-                                      const void *x, const float *weight, const float *mean,
-                                      const float *rstd, const WindowMap *branch_map,
-                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
-                                      int C, float *scratch, cudaStream_t stream);
+void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dbranch_bias,
+                                      float *dweight, float *dbias, const float *dres_in,
+                                      const void *dln, const void *x, const float *weight,
+                                      const float *mean, const float *rstd,
+                                      const WindowMap *branch_map, const float *scale,
+                                      const WindowMap *ln_map, int B, int64_t L, int C,
+                                      float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -46,7 +46,7 @@ typedef struct {
 // Op families of the benchmark's per-op table (GPU time per family as a share of the step).
 // Window partition and reverse have no row: they are folded into the LayerNorm kernels.
 typedef enum {
-  OP_GEMM,         // linear layers and the head (cuBLASLt), their bias gradients
+  OP_GEMM,         // linear layers and the head (cuBLASLt), bias gradients not fused elsewhere
   OP_ATTENTION,    // window attention, forward and backward
   OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm
   OP_ELEMENTWISE,  // GELU, patch-embedding input, drop path, mean pool, compute copy
@@ -133,28 +133,35 @@ typedef struct {
   void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
   // dinp (N, IC, act) = dout weight; dinp NULL skips. dweight (OC, IC, f32) and dbias (OC, f32,
-  // or NULL) accumulated.
+  // or NULL) accumulated. The model passes dbias NULL wherever the op that wrote dout summed its
+  // columns already (the *_bias outputs below): the GPU then runs the dweight product alone.
   void (*linear_backward)(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int64_t N, int IC, int OC);
   // The backward of linear(GELU(pre)), an MLP's second layer, whose input the forward did not
   // keep: hidden (N, IC, act) receives GELU(pre (N, IC, act)) (recomputed; the op overwrites
-  // it), dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight and dbias as in linear_backward.
-  void (*gelu_linear_backward)(Backend *be, void *dpre, void *hidden, float *dweight, float *dbias,
-                               const void *dout, const void *pre, const void *weight, int64_t N,
-                               int IC, int OC);
+  // it), dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight accumulated as in
+  // linear_backward. dpre_bias (IC, f32, or NULL) += the column sums of dpre as stored: the bias
+  // gradient of the MLP's first layer (pre's producer), from the pass that writes dpre. This
+  // layer's own bias gradient (the column sums of dout) is the caller's, from dout's producer.
+  void (*gelu_linear_backward)(Backend *be, void *dpre, void *hidden, float *dweight,
+                               float *dpre_bias, const void *dout, const void *pre,
+                               const void *weight, int64_t N, int IC, int OC);
   // kernels/layernorm.h's residual_layernorm_{forward,backward}: x_out, ln_out, x_in, branch,
-  // dbranch, dln, x act; dres_in, dres_out f32.
+  // dbranch, dln, x act; dres_in, dres_out f32. The backward's dbranch_bias (C, f32, or NULL) +=
+  // the column sums of dbranch as written (scaled by the drop-path scale when there is one, in
+  // whatever row order bmap gives), also without dln: the bias gradient of the linear layer whose
+  // output the branch is (a block's proj or fc2, the patch embedding).
   void (*residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,
                                      float *rstd, const void *x_in, const void *branch,
                                      const WindowMap *branch_map, const float *scale,
                                      const float *weight, const float *bias,
                                      const WindowMap *ln_map, int B, int64_t L, int C);
-  void (*residual_layernorm_backward)(Backend *be, float *dres_out, void *dbranch, float *dweight,
-                                      float *dbias, const float *dres_in, const void *dln,
-                                      const void *x, const float *weight, const float *mean,
-                                      const float *rstd, const WindowMap *branch_map,
-                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
-                                      int C);
+  void (*residual_layernorm_backward)(Backend *be, float *dres_out, void *dbranch,
+                                      float *dbranch_bias, float *dweight, float *dbias,
+                                      const float *dres_in, const void *dln, const void *x,
+                                      const float *weight, const float *mean, const float *rstd,
+                                      const WindowMap *branch_map, const float *scale,
+                                      const WindowMap *ln_map, int B, int64_t L, int C);
   // kernels/patch.h's merge_layernorm: out, tokens, dout act; dtokens f32 (overwritten).
   void (*merge_layernorm_forward)(Backend *be, void *out, float *mean, float *rstd,
                                   const void *tokens, const float *weight, const float *bias, int B,
@@ -165,15 +172,16 @@ typedef struct {
                                    int C);
   // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
   // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
-  // may overwrite it.
+  // may overwrite it. The backward's dqkv_bias (3C, f32, or NULL) += the column sums of dqkv
+  // (BW * N rows) as stored: the qkv layer's bias gradient.
   int64_t (*attention_saved_floats)(Backend *be, int BW, int N, int C, int heads);
   void (*attention_forward)(Backend *be, void *out, float *saved, const void *qkv,
                             const float *table, const int *index, const float *mask, int BW, int nW,
                             int N, int C, int heads);
-  void (*attention_backward)(Backend *be, void *dqkv, float *dtable, const void *dout,
-                             const void *qkv, const float *table, const int *index,
-                             const float *mask, float *saved, int BW, int nW, int N, int C,
-                             int heads);
+  void (*attention_backward)(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
+                             const void *dout, const void *qkv, const float *table,
+                             const int *index, const float *mask, float *saved, int BW, int nW,
+                             int N, int C, int heads);
   // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =
   // pooled weight^T + bias, in f32 with the f32 weights. The backward writes dtokens (B, L, C,
   // act) and accumulates dweight, dbias.

@@ -1,6 +1,9 @@
 // backend_cpu.c: the CPU backend: backend memory is host memory, queued ops run at once, and each
 // op is the reference kernel of kernels/cpu/ (fused ops composed of their pieces). f32 only: it is
-// the reference the CUDA backend's f32, bf16 and f16 are measured against.
+// the reference the CUDA backend's f32, bf16 and f16 are measured against. The bias gradients the
+// GPU sums in the kernel that writes a gradient (the *_bias outputs of src/backend.h) are a
+// column_sums_cpu pass over that gradient here: one thread, rows in order, so the bits do not
+// depend on the thread count.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,12 +171,13 @@ static void cpu_linear_backward(Backend *be, void *dinp, float *dweight, float *
 }
 
 static void cpu_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
-                                     float *dbias, const void *dout, const void *pre,
+                                     float *dpre_bias, const void *dout, const void *pre,
                                      const void *weight, int64_t N, int IC, int OC) {
   (void)be;
   gelu_forward_cpu(hidden, pre, N * IC);
-  linear_backward_cpu(dpre, dweight, dbias, dout, hidden, weight, N, IC, OC);
+  linear_backward_cpu(dpre, dweight, NULL, dout, hidden, weight, N, IC, OC);
   gelu_backward_cpu(dpre, pre, dpre, N * IC);
+  if (dpre_bias) column_sums_cpu(dpre_bias, dpre, N, IC);
 }
 
 static void cpu_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
@@ -186,14 +190,16 @@ static void cpu_residual_layernorm_forward(Backend *be, void *x_out, void *ln_ou
 }
 
 static void cpu_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch,
-                                            float *dweight, float *dbias, const float *dres_in,
-                                            const void *dln, const void *x, const float *weight,
-                                            const float *mean, const float *rstd,
-                                            const WindowMap *branch_map, const float *scale,
-                                            const WindowMap *ln_map, int B, int64_t L, int C) {
+                                            float *dbranch_bias, float *dweight, float *dbias,
+                                            const float *dres_in, const void *dln, const void *x,
+                                            const float *weight, const float *mean,
+                                            const float *rstd, const WindowMap *branch_map,
+                                            const float *scale, const WindowMap *ln_map, int B,
+                                            int64_t L, int C) {
   residual_layernorm_backward_cpu(dres_out, dbranch, dweight, dbias, dres_in, dln, x, weight, mean,
                                   rstd, branch_map, scale, ln_map, B, L, C,
                                   cpu_scratch(be, 2 * (int64_t)B * L * C));
+  if (dbranch_bias) column_sums_cpu(dbranch_bias, dbranch, (int64_t)B * L, C);
 }
 
 static void cpu_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
@@ -225,15 +231,16 @@ static void cpu_attention_forward(Backend *be, void *out, float *saved, const vo
   window_attention_forward_cpu(out, saved, qkv, table, index, mask, BW, nW, N, C, heads);
 }
 
-static void cpu_attention_backward(Backend *be, void *dqkv, float *dtable, const void *dout,
-                                   const void *qkv, const float *table, const int *index,
-                                   const float *mask, float *saved, int BW, int nW, int N, int C,
-                                   int heads) {
+static void cpu_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
+                                   const void *dout, const void *qkv, const float *table,
+                                   const int *index, const float *mask, float *saved, int BW,
+                                   int nW, int N, int C, int heads) {
   (void)be;
   (void)table;
   (void)mask;
   (void)nW;
   window_attention_backward_cpu(dqkv, dtable, dout, qkv, saved, index, BW, N, C, heads);
+  if (dqkv_bias) column_sums_cpu(dqkv_bias, dqkv, (int64_t)BW * N, 3 * C);
 }
 
 static void cpu_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

@@ -175,14 +175,15 @@ void cuda_synchronize(Backend *be) {
 
 void cuda_reserve(Backend *be, const BackendNeeds *n) {
   CudaState *st = state_of(be);
-  // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 2C
+  // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 3C
   // partials (kernels/cuda/layernorm.cu); the attention backward (kernels/cuda/attention.cu); a
-  // bias gradient at most max(32768, OC) partials (kernels/cuda/gemm.cu), plus, for the head,
-  // d(pooled); the optimizer its own.
-  int64_t need = 2048 * (int64_t)n->max_width;
+  // bias gradient's column sums (GELU's, qkv's, the head's) at most 1024 rows of partials
+  // (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer its own.
+  int64_t need = 3 * 1024 * (int64_t)n->max_width;
   int64_t k = 1024 * 64 * 64;  // the tensor-core attention backward's per-block dS sums (at most)
   if (k > need) need = k;
-  k = 64 + 32768 + n->max_width + (int64_t)n->max_batch * n->max_width;
+  k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
+      (int64_t)n->max_batch * n->max_width;
   if (k > need) need = k;
   k = optimizer_step_cuda_scratch(n->num_params);
   if (k > need) need = k;
@@ -304,11 +305,11 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
                        scratch);
 }
 
-// d(hidden) first, then one pass over pre gives both GELU(pre) (the dweight product's input)
-// and dpre; then the parameter gradients.
-void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight, float *dbias,
-                               const void *dout, const void *pre, const void *weight, int64_t N,
-                               int IC, int OC) {
+// d(hidden) first, then one pass over pre gives GELU(pre) (the dweight product's input), dpre
+// and dpre's column sums; then the dweight product.
+void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
+                               float *dpre_bias, const void *dout, const void *pre,
+                               const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
   {
     OpScope scope(be, OP_GEMM);
@@ -317,9 +318,11 @@ void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dwe
   }
   {
     OpScope scope(be, OP_ELEMENTWISE);
-    gelu_recompute_backward_cuda(be->act, hidden, dpre, pre, dpre, N * IC, st->compute);
+    float *scratch = dpre_bias ? scratch_of(be, column_sums_cuda_scratch(N, IC)) : nullptr;
+    gelu_recompute_backward_cuda(be->act, hidden, dpre, pre, dpre, N, IC, dpre_bias, scratch,
+                                 st->compute);
   }
-  cuda_linear_backward(be, nullptr, dweight, dbias, dout, hidden, weight, N, IC, OC);
+  cuda_linear_backward(be, nullptr, dweight, nullptr, dout, hidden, weight, N, IC, OC);
 }
 
 void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
@@ -332,18 +335,19 @@ void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, flo
                                   scale, weight, bias, ln_map, B, L, C, state_of(be)->compute);
 }
 
-void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch, float *dweight,
-                                      float *dbias, const float *dres_in, const void *dln,
-                                      const void *x, const float *weight, const float *mean,
-                                      const float *rstd, const WindowMap *branch_map,
-                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
-                                      int C) {
+void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch,
+                                      float *dbranch_bias, float *dweight, float *dbias,
+                                      const float *dres_in, const void *dln, const void *x,
+                                      const float *weight, const float *mean, const float *rstd,
+                                      const WindowMap *branch_map, const float *scale,
+                                      const WindowMap *ln_map, int B, int64_t L, int C) {
   OpScope scope(be, OP_LAYERNORM);
-  float *scratch =
-      dln ? scratch_of(be, residual_layernorm_backward_cuda_scratch((int64_t)B * L, C)) : nullptr;
-  residual_layernorm_backward_cuda(be->act, dres_out, dbranch, dweight, dbias, dres_in, dln, x,
-                                   weight, mean, rstd, branch_map, scale, ln_map, B, L, C, scratch,
-                                   state_of(be)->compute);
+  float *scratch = dln || dbranch_bias
+                       ? scratch_of(be, residual_layernorm_backward_cuda_scratch((int64_t)B * L, C))
+                       : nullptr;
+  residual_layernorm_backward_cuda(be->act, dres_out, dbranch, dbranch_bias, dweight, dbias,
+                                   dres_in, dln, x, weight, mean, rstd, branch_map, scale, ln_map,
+                                   B, L, C, scratch, state_of(be)->compute);
 }
 
 void cuda_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
@@ -377,18 +381,28 @@ void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qk
 }
 
 // With f32 the backward's dS scratch is the saved probabilities; with bf16/f16 it is backend
-// scratch.
-void cuda_attention_backward(Backend *be, void *dqkv, float *dtable, const void *dout,
-                             const void *qkv, const float *table, const int *index,
-                             const float *mask, float *saved, int BW, int nW, int N, int C,
-                             int heads) {
-  OpScope scope(be, OP_ATTENTION);
-  int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
-  float *scratch = need == window_attention_saved_floats(be->act, BW, N, C, heads)
-                       ? nullptr
-                       : scratch_of(be, need);
-  window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, table, index, mask, BW,
-                                 nW, N, C, heads, scratch, state_of(be)->compute);
+// scratch. The qkv bias gradient is for now a separate column-sum pass over dqkv (counted with
+// the GEMMs' bias gradients), after the attention kernels are done with the scratch.
+void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
+                             const void *dout, const void *qkv, const float *table,
+                             const int *index, const float *mask, float *saved, int BW, int nW,
+                             int N, int C, int heads) {
+  CudaState *st = state_of(be);
+  {
+    OpScope scope(be, OP_ATTENTION);
+    int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
+    float *scratch = need == window_attention_saved_floats(be->act, BW, N, C, heads)
+                         ? nullptr
+                         : scratch_of(be, need);
+    window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, table, index, mask, BW,
+                                   nW, N, C, heads, scratch, st->compute);
+  }
+  if (dqkv_bias) {
+    OpScope scope(be, OP_GEMM);
+    int64_t rows = (int64_t)BW * N;
+    column_sums_cuda(be->act, dqkv_bias, dqkv, rows, 3 * C,
+                     scratch_of(be, column_sums_cuda_scratch(rows, 3 * C)), st->compute);
+  }
 }
 
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

@@ -573,10 +573,16 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
 // ---------------------------------------------------------------------------------------------
 // Backward: the residual stream's gradient lives in dres (f32) and is carried from the head down
 // to the patch embedding; a branch's gradient goes to dbranch; parameter gradients accumulate
-// into m->grads.
+// into m->grads. A linear layer's bias gradient (the column sums of its output gradient) comes
+// from the op that writes that gradient, which reads or computes every element of it anyway:
+// fc2's from the residual + LN1 backward that follows it (for a stage's last block the stage-end
+// residual), proj's from LN2's backward, fc1's from the GELU pass, qkv's from the attention
+// backward, the patch embedding's from its LayerNorm's backward; their linear_backward calls
+// then take no dbias.
 
-// Block j from d(its fc2 output) in dbranch and d(x1) in dres, down to the gradient of LN1's
-// output (window order) in dln; dres then holds d(x) from the attention residual alone.
+// Block j from d(its fc2 output) in dbranch (its column sums already in fc2's bias gradient) and
+// d(x1) in dres, down to the gradient of LN1's output (window order) in dln; dres then holds d(x)
+// from the attention residual alone.
 static void block_backward(Model *m, const StageGeom *g, int j, int B) {
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
@@ -592,29 +598,30 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
 
   // MLP: fc2 through GELU (its input recomputed from fc1's output), fc1, then LN2 + the
   // attention residual; LN2's output is recomputed from its input first.
-  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc2_b, x->dbranch, a->fc1,
+  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
                             model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
   ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
                                   NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
-  ops->linear_backward(be, x->dln, gw->fc1_w, gw->fc1_b, x->dhidden, x->ln2,
+  ops->linear_backward(be, x->dln, gw->fc1_w, NULL, x->dhidden, x->ln2,
                        model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
-  ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm2_w, gw->norm2_b, x->dres,
-                                   x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd, &wm,
-                                   m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
+  ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->proj_b, gw->norm2_w, gw->norm2_b,
+                                   x->dres, x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd,
+                                   &wm, m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
   // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
-  ops->linear_backward(be, x->dattn, gw->proj_w, gw->proj_b, x->dbranch, a->attn_out,
+  ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
                        model_compute_weight(m, w->proj_w), BL, C, C);
-  ops->attention_backward(be, x->dqkv, gw->rel_table, x->dattn, a->qkv, w->rel_table, g->index_be,
-                          mask, a->att, BW, g->nW, g->N, C, g->heads);
+  ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, w->rel_table,
+                          g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
   ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
                                   w->norm1_w, w->norm1_b, &wm, B, L, C);
-  ops->linear_backward(be, x->dln, gw->qkv_w, gw->qkv_b, x->dqkv, x->xw,
+  ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, x->xw,
                        model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
 }
 
 // LN1 of block j back through its residual: d(x) = dres + LN1'(dln). For j > 0 that is the
 // gradient of the previous block's x1 (dres) and, scaled by its drop path, of its fc2 output
-// (dbranch); for j == 0 it is the gradient of the stage input, to dbranch.
+// (dbranch, summed into that fc2's bias gradient); for j == 0 it is the gradient of the stage
+// input, to dbranch.
 static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
   Backend *be = m->be;
   Activations *x = &m->acts;
@@ -625,15 +632,18 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
   WindowMap wm = block_windows(g, j);
   int64_t L = (int64_t)g->H * g->W;
   const float *scale = j > 0 && m->drop_path_active ? x->blocks[gi - 1].dp_mlp : NULL;
-  be->ops->residual_layernorm_backward(be, j > 0 ? x->dres : NULL, x->dbranch, gw->norm1_w,
-                                       gw->norm1_b, x->dres, x->dln, a->x, w->norm1_w, a->ln1_mean,
-                                       a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
+  float *fc2_bias = j > 0 ? m->g.blocks[gi - 1].fc2_b : NULL;
+  be->ops->residual_layernorm_backward(be, j > 0 ? x->dres : NULL, x->dbranch, fc2_bias,
+                                       gw->norm1_w, gw->norm1_b, x->dres, x->dln, a->x, w->norm1_w,
+                                       a->ln1_mean, a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
 }
 
 // Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
 // the buffer is final. Backward writes each tensor's gradient in one place, walking the layout
 // (src/model.h) from its end to its start; the exception inside a block (the bias table's
-// gradient comes before qkv's, though it lies below) is why marks fall only between blocks.
+// gradient comes before qkv's, though it lies below) is why marks fall only between blocks. A
+// block's fc2 bias, its last tensor, is written by the LN1 backward of the block after it (the
+// stage-end residual for a stage's last block), before that block's mark, which lies above it.
 static void grads_final_from(Model *m, const float *lowest) {
   if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
 }
@@ -657,16 +667,19 @@ void model_backward(Model *m, int B) {
     const StageGeom *g = &m->stages[s];
     int64_t L = (int64_t)g->H * g->W;
     // The last block's MLP residual (with the final norm in the last stage): dres = d(x1),
-    // dbranch = d(fc2 output). Other stages get d(stage output) in dres from the merge below.
-    const BlockActs *a = &x->blocks[g->first_block + g->depth - 1];
+    // dbranch = d(fc2 output), summed into fc2's bias gradient. Other stages get d(stage output)
+    // in dres from the merge below.
+    const int last_block = g->first_block + g->depth - 1;
+    const BlockActs *a = &x->blocks[last_block];
     const float *scale = m->drop_path_active ? a->dp_mlp : NULL;
+    float *fc2_bias = gw->blocks[last_block].fc2_b;
     if (s == m->num_stages - 1)
-      ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->norm_w, gw->norm_b, NULL,
-                                       x->dln, x->stage_out[s], w->norm_w, x->norm_mean,
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, fc2_bias, gw->norm_w, gw->norm_b,
+                                       NULL, x->dln, x->stage_out[s], w->norm_w, x->norm_mean,
                                        x->norm_rstd, NULL, scale, NULL, B, L, g->C);
     else
-      ops->residual_layernorm_backward(be, x->dres, x->dbranch, NULL, NULL, x->dres, NULL, NULL,
-                                       NULL, NULL, NULL, NULL, scale, NULL, B, L, g->C);
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, fc2_bias, NULL, NULL, x->dres, NULL,
+                                       NULL, NULL, NULL, NULL, NULL, scale, NULL, B, L, g->C);
     for (int j = g->depth - 1; j >= 0; j--) {
       block_backward(m, g, j, B);
       block_norm1_backward(m, g, j, B);
@@ -685,12 +698,13 @@ void model_backward(Model *m, int B) {
     NVTX_POP();
   }
 
-  // Patch embedding: LayerNorm (d(pe) to dattn), linear (the image needs no gradient).
+  // Patch embedding: LayerNorm (d(pe) to dattn, summed into the projection's bias gradient),
+  // linear (the image needs no gradient).
   int64_t L0 = (int64_t)m->Hp * m->Wp;
-  ops->residual_layernorm_backward(be, NULL, x->dattn, gw->patch_norm_w, gw->patch_norm_b, NULL,
-                                   x->dbranch, x->pe, w->patch_norm_w, x->pe_mean, x->pe_rstd, NULL,
-                                   NULL, NULL, B, L0, c->embed_dim);
-  ops->linear_backward(be, NULL, gw->patch_w, gw->patch_b, x->dattn, x->patches,
+  ops->residual_layernorm_backward(be, NULL, x->dattn, gw->patch_b, gw->patch_norm_w,
+                                   gw->patch_norm_b, NULL, x->dbranch, x->pe, w->patch_norm_w,
+                                   x->pe_mean, x->pe_rstd, NULL, NULL, NULL, B, L0, c->embed_dim);
+  ops->linear_backward(be, NULL, gw->patch_w, NULL, x->dattn, x->patches,
                        model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim);
   grads_final_from(m, m->grads);
   NVTX_POP();

@@ -2,7 +2,8 @@
 // inputs: all four transpose cases, edge shapes (1x1x1, primes, K = 0, sizes that cross the
 // kernel's tile and cache-block boundaries), leading dimensions wider than the rows, alpha and
 // beta other than 1 and 0, results independent of the thread count, and a finite-difference
-// check of the linear layer's gradients.
+// check of the linear layer's gradients; column_sums_cpu (the bias gradients the CPU backend
+// takes from a produced gradient) against the plain loop it must equal bit for bit.
 //
 // Tolerance: every output element is a dot product of K terms accumulated in fp32, whose
 // rounding error grows like sqrt(K) * eps (eps = 6e-8), about 2e-6 at K = 1000. The kernel
@@ -404,8 +405,32 @@ static void test_linear_fd(TestRng *rng, int64_t N, int IC, int OC) {
   linear_free(&l);
 }
 
+// column_sums_cpu adds each column's rows in order in double, then once in fp32 onto sums: the
+// plain loop below, bit for bit, for widths across its 64-column groups and no rows at all.
+static void test_column_sums(TestRng *rng, int64_t rows, int cols) {
+  float *x = test_alloc_floats(rows * cols), *sums = test_alloc_floats(cols);
+  float *want = test_alloc_floats(cols);
+  test_fill_uniform(rng, x, rows * cols, -1.0f, 1.0f);
+  test_fill_uniform(rng, sums, cols, -1.0f, 1.0f);
+  for (int c = 0; c < cols; c++) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; r++) s += x[r * cols + c];
+    want[c] = sums[c] + (float)s;
+  }
+  column_sums_cpu(sums, x, rows, cols);
+  test_check(memcmp(sums, want, sizeof(float) * (size_t)cols) == 0,
+             "column_sums_cpu (%lld, %d): accumulated, bitwise the in-order double sums",
+             (long long)rows, cols);
+  free(x);
+  free(sums);
+  free(want);
+}
+
 int main(void) {
   TestRng rng = {0x5eed6e33ull};
+  test_column_sums(&rng, 1000, 130);
+  test_column_sums(&rng, 3, 64);
+  test_column_sums(&rng, 0, 7);
   test_gemm_shapes(&rng);
   test_gemm_k0(&rng);
   test_gemm_threads(&rng);

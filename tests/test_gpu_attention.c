@@ -4,11 +4,13 @@
 // window shifted along both sides, each with several windows per image and 2 images, 64
 // windows per image with 8 and 12 heads (1 image), and 8x8 windows (N = 64) with head_dim 64. The
 // backward starts from each backend's own forward (its `saved`, which the backward may overwrite,
-// is put back before each run), dtable accumulates onto random values, and the CUDA backward runs
-// twice and must give the same bits.
+// is put back before each run), dtable and dqkv_bias (dqkv's column sums: the qkv layer's bias
+// gradient) accumulate onto random values, and the CUDA backward runs twice and must give the
+// same bits.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
+#include "kernels/gemm.h"
 #include "kernels/window.h"
 
 typedef struct {
@@ -55,7 +57,7 @@ static AttnGeom geom_of(const AttnShape *s) {
 
 // Host inputs of one case.
 typedef struct {
-  float *qkv, *table, *mask, *dout, *dtable0;  // mask NULL when unshifted
+  float *qkv, *table, *mask, *dout, *dtable0, *dqkv_bias0;  // mask NULL when unshifted
   int *index;
 } AttnIn;
 
@@ -69,6 +71,8 @@ static void inputs_make(AttnIn *in, TestRng *rng, DType dt, const AttnShape *s) 
   in->dtable0 = test_alloc_floats((int64_t)g.rows * s->heads);
   test_fill_uniform(rng, in->dtable0, (int64_t)g.rows * s->heads, -1.0f, 1.0f);
   in->dout = test_random_act(rng, dt, g.out, -1.0f, 1.0f);
+  in->dqkv_bias0 = test_alloc_floats(3 * s->C);
+  test_fill_uniform(rng, in->dqkv_bias0, 3 * s->C, -1.0f, 1.0f);
   in->index = (int *)malloc_check(sizeof(int) * (size_t)g.N * g.N);
   relative_position_index(in->index, s->wh, s->ww);
   in->mask = NULL;
@@ -82,13 +86,14 @@ static void inputs_free(AttnIn *in) {
   free(in->table);
   free(in->dtable0);
   free(in->dout);
+  free(in->dqkv_bias0);
   free(in->index);
   free(in->mask);
 }
 
-// Results of one backend: the forward's out and saved, the backward's dqkv and dtable.
+// Results of one backend: the forward's out and saved, the backward's dqkv, dqkv_bias, dtable.
 typedef struct {
-  float *out, *saved, *dqkv, *dtable;
+  float *out, *saved, *dqkv, *dqkv_bias, *dtable;
   int64_t saved_floats;
 } AttnOut;
 
@@ -98,12 +103,14 @@ static void outputs_alloc(AttnOut *o, Backend *be, const AttnShape *s) {
   o->out = test_alloc_floats(g.out);
   o->saved = test_alloc_floats(o->saved_floats);
   o->dqkv = test_alloc_floats(g.qkv);
+  o->dqkv_bias = test_alloc_floats(3 * s->C);
   o->dtable = test_alloc_floats((int64_t)g.rows * s->heads);
 }
 static void outputs_free(AttnOut *o) {
   free(o->out);
   free(o->saved);
   free(o->dqkv);
+  free(o->dqkv_bias);
   free(o->dtable);
 }
 
@@ -134,12 +141,14 @@ static void backward_on(Backend *be, const AttnShape *s, const AttnIn *in, AttnO
   float *mask = in->mask ? be_copy_f32(be, in->mask, (int64_t)g.nW * g.N * g.N) : NULL;
   float *saved = be_copy_f32(be, o->saved, o->saved_floats);
   float *dtable = be_copy_f32(be, in->dtable0, (int64_t)g.rows * s->heads);
+  float *dqkv_bias = be_copy_f32(be, in->dqkv_bias0, 3 * s->C);
   void *dqkv = be_poisoned_act(be, g.qkv);
-  be->ops->attention_backward(be, dqkv, dtable, dout, qkv, table, index, mask, saved, g.BW, g.nW,
-                              g.N, s->C, s->heads);
+  be->ops->attention_backward(be, dqkv, dqkv_bias, dtable, dout, qkv, table, index, mask, saved,
+                              g.BW, g.nW, g.N, s->C, s->heads);
   be_read_act(be, o->dqkv, dqkv, g.qkv);
+  be_read_f32(be, o->dqkv_bias, dqkv_bias, 3 * s->C);
   be_read_f32(be, o->dtable, dtable, (int64_t)g.rows * s->heads);
-  void *bufs[] = {qkv, dout, table, index, mask, saved, dtable, dqkv};
+  void *bufs[] = {qkv, dout, table, index, mask, saved, dtable, dqkv_bias, dqkv};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(be, bufs[i]);
 }
 
@@ -187,10 +196,23 @@ static void check_shape(BackendPair *p, const AttnShape *s, TestRng *rng) {
   backward_on(&p->gpu, s, &in, &got);
   backward_on(&p->gpu, s, &in, &again);
   int64_t ntab = (int64_t)g.rows * s->heads;
-  test_compare(ctx, "dqkv", got.dqkv, want.dqkv, g.qkv, tc ? tol_chained(dt) : tol_stored(dt));
+  const double tol_dqkv = tc ? tol_chained(dt) : tol_stored(dt);
+  test_compare(ctx, "dqkv", got.dqkv, want.dqkv, g.qkv, tol_dqkv);
   test_compare_increment(ctx, "dtable", got.dtable, want.dtable, in.dtable0, ntab, tol_table);
   test_same_bits(ctx, "dqkv, two GPU runs", got.dqkv, again.dqkv, g.qkv);
   test_same_bits(ctx, "dtable, two GPU runs", got.dtable, again.dtable, ntab);
+  // dqkv_bias: the column sums of dqkv as stored, so dqkv's differences from the CPU (roundings
+  // of random sign) reach them as they reach dqkv; against the GPU's own dqkv as read back
+  // (summed here in double) only the fp32 summation order differs.
+  const int nb = 3 * s->C;
+  test_compare_increment(ctx, "dqkv_bias", got.dqkv_bias, want.dqkv_bias, in.dqkv_bias0, nb,
+                         tol_dqkv);
+  float *own = test_copy_floats(in.dqkv_bias0, nb);
+  column_sums_cpu(own, got.dqkv, (int64_t)g.BW * g.N, nb);
+  test_compare_increment(ctx, "dqkv_bias vs the sums of the GPU's own dqkv", got.dqkv_bias, own,
+                         in.dqkv_bias0, nb, TOL_F32);
+  test_same_bits(ctx, "dqkv_bias, two GPU runs", got.dqkv_bias, again.dqkv_bias, nb);
+  free(own);
 
   inputs_free(&in);
   outputs_free(&want);
@@ -221,8 +243,15 @@ int main(void) {
   GPU_TEST_MAIN_BEGIN();
 #ifdef SWIN_HAVE_CUDA
   TestRng rng = {.state = 0xa77e7710};
-  // The tensor-core backward's scratch is reserved by every backend (src/backend_cuda.cu).
+  // The tensor-core backward's scratch is reserved by every backend (src/backend_cuda.cu); the
+  // qkv bias gradient's partials need the rows and width of dqkv.
   BackendNeeds needs = {.max_elements = 1, .max_rows = 1, .max_width = 1, .max_batch = 1};
+  for (int si = 0; si < NUM_SHAPES; si++) {
+    AttnGeom g = geom_of(&shapes[si]);
+    int64_t rows = (int64_t)g.BW * g.N;
+    if (rows > needs.max_rows) needs.max_rows = rows;
+    if (3 * shapes[si].C > needs.max_width) needs.max_width = 3 * shapes[si].C;
+  }
   for (int pi = 0; pi < GPU_TEST_PRECISIONS; pi++) {
     BackendPair p;
     backend_pair_create(&p, gpu_test_precisions[pi], &needs);

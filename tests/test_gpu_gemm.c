@@ -2,7 +2,8 @@
 // in fp32, bf16 and fp16.
 //   linear_forward: no activation with and without bias, GELU with the pre-activation kept;
 //   linear_backward: dinp or none, dweight, dbias or none; gelu_linear_backward: GELU(pre)
-//   recomputed into hidden, dpre through GELU', dweight from hidden, dbias;
+//   recomputed into hidden, dpre through GELU', dweight from hidden, dpre_bias (dpre's column
+//   sums: the bias gradient of the MLP's first layer);
 //   head_forward / head_backward (mean pool over tokens + fp32 linear) with K = 10 and 1000.
 // Shapes as in Swin-T's first stage (qkv 96 -> 288, fc2 384 -> 96 over 1568 tokens), a small one,
 // and in fp32 an odd one (37 x 17 -> 10: no dimension a multiple of 4). Parameter gradients
@@ -10,6 +11,7 @@
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
+#include "kernels/gemm.h"
 
 typedef struct {
   const char *name;
@@ -128,15 +130,22 @@ static void check_forward(BackendPair *p, const LinearShape *s, const ForwardMod
 
 typedef struct {
   const char *name;
-  bool dinp, gelu, dbias;
+  bool dinp, gelu, dbias;  // with gelu, dbias is gelu_linear_backward's dpre_bias (IC)
 } BackwardMode;
 
 static const BackwardMode backward_modes[] = {
     {"dinp, dweight, dbias", true, false, true},
-    {"gelu_linear_backward: hidden = GELU(pre), dpre, dweight, dbias", true, true, true},
+    {"gelu_linear_backward: hidden = GELU(pre), dpre, dweight, dpre_bias", true, true, true},
+    {"gelu_linear_backward without dpre_bias", true, true, false},
     {"no dinp (patch embedding), dweight, dbias", false, false, true},
-    {"dinp, dweight, no dbias (patch merging)", true, false, false},
+    {"dinp, dweight, no dbias (patch merging; the model's layers whose bias gradient is fused)",
+     true, false, false},
 };
+
+// The bias gradient's width: dout's columns, or with GELU dpre's.
+static int bias_width(const LinearShape *s, const BackwardMode *md) {
+  return md->gelu ? s->IC : s->OC;
+}
 
 typedef struct {
   float *dout, *inp, *weight, *gelu_pre, *dweight0, *dbias0;
@@ -153,7 +162,8 @@ static void backward_on(Backend *be, const LinearShape *s, const BackwardMode *m
   void *gelu_pre = md->gelu ? be_copy_act(be, in->gelu_pre, nin) : NULL;
   void *dinp = md->dinp ? be_poisoned_act(be, nin) : NULL;
   float *dweight = be_copy_f32(be, in->dweight0, nw);
-  float *dbias = md->dbias ? be_copy_f32(be, in->dbias0, s->OC) : NULL;
+  const int nb = bias_width(s, md);
+  float *dbias = md->dbias ? be_copy_f32(be, in->dbias0, nb) : NULL;
   if (md->gelu) {  // the op writes GELU(pre) into hidden; inp is not used
     void *hidden = be_poisoned_act(be, nin);
     be->ops->gelu_linear_backward(be, dinp, hidden, dweight, dbias, dout, gelu_pre, weight, s->N,
@@ -165,7 +175,7 @@ static void backward_on(Backend *be, const LinearShape *s, const BackwardMode *m
   }
   if (dinp) be_read_act(be, o->dinp, dinp, nin);
   be_read_f32(be, o->dweight, dweight, nw);
-  if (dbias) be_read_f32(be, o->dbias, dbias, s->OC);
+  if (dbias) be_read_f32(be, o->dbias, dbias, nb);
   void *bufs[] = {dout, inp, weight, gelu_pre, dinp, dweight, dbias};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(be, bufs[i]);
 }
@@ -183,14 +193,15 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
                    // GELU' varies most over [-3, 3] (0 far left, 1 far right)
                    .gelu_pre = test_random_act(rng, dt, nin, -3.0f, 3.0f),
                    .dweight0 = test_alloc_floats(nw),
-                   .dbias0 = test_alloc_floats(s->OC)};
+                   .dbias0 = test_alloc_floats(bias_width(s, md))};
+  const int nb = bias_width(s, md);
   test_fill_uniform(rng, in.dweight0, nw, -1.0f, 1.0f);
-  test_fill_uniform(rng, in.dbias0, s->OC, -1.0f, 1.0f);
+  test_fill_uniform(rng, in.dbias0, nb, -1.0f, 1.0f);
   BackwardOut o[3];  // CPU, GPU, GPU again
   for (int k = 0; k < 3; k++) {
     o[k].dinp = test_alloc_floats(nin);
     o[k].dweight = test_alloc_floats(nw);
-    o[k].dbias = test_alloc_floats(s->OC);
+    o[k].dbias = test_alloc_floats(nb);
     o[k].hidden = test_alloc_floats(nin);
     backward_on(k ? &p->gpu : &p->cpu, s, md, &in, &o[k]);
   }
@@ -202,20 +213,33 @@ static void check_backward(BackendPair *p, const LinearShape *s, const BackwardM
     test_compare(ctx, "hidden = GELU(pre)", o[1].hidden, o[0].hidden, nin, tol_stored(dt));
     test_same_bits(ctx, "hidden, two GPU runs", o[1].hidden, o[2].hidden, nin);
   }
+  const double tol_dinp = md->gelu
+                              ? fmax(tol_chained(dt), unit_roundoff(dt) + gemm_tol_sum(dt, s->OC))
+                              : unit_roundoff(dt) + gemm_tol_sum(dt, s->OC);
   if (md->dinp) {
-    double tol = unit_roundoff(dt) + gemm_tol_sum(dt, s->OC);
-    test_compare(ctx, "dinp", o[1].dinp, o[0].dinp, nin,
-                 md->gelu ? fmax(tol_chained(dt), tol) : tol);
+    test_compare(ctx, "dinp", o[1].dinp, o[0].dinp, nin, tol_dinp);
     test_same_bits(ctx, "dinp, two GPU runs", o[1].dinp, o[2].dinp, nin);
   }
   test_compare_increment(
       ctx, "dweight", o[1].dweight, o[0].dweight, in.dweight0, nw,
       md->gelu ? gemm_tol_sum(dt, s->N) + tol_stored(dt) : gemm_tol_sum(dt, s->N));
   test_same_bits(ctx, "dweight, two GPU runs", o[1].dweight, o[2].dweight, nw);
-  if (md->dbias) {
+  if (md->dbias && !md->gelu) {
     test_compare_increment(ctx, "dbias", o[1].dbias, o[0].dbias, in.dbias0, s->OC,
                            gemm_tol_f32(s->N));
     test_same_bits(ctx, "dbias, two GPU runs", o[1].dbias, o[2].dbias, s->OC);
+  }
+  if (md->dbias && md->gelu) {
+    // dpre_bias: the column sums of dpre as the GPU stores it, so dpre's own differences (its
+    // roundings, of random sign) reach them as they reach dpre; against the GPU's own dpre as
+    // read back (summed here in double) only the fp32 summation order differs.
+    test_compare_increment(ctx, "dpre_bias", o[1].dbias, o[0].dbias, in.dbias0, nb, tol_dinp);
+    float *own = test_copy_floats(in.dbias0, nb);
+    column_sums_cpu(own, o[1].dinp, s->N, nb);
+    test_compare_increment(ctx, "dpre_bias vs the sums of the GPU's own dpre", o[1].dbias, own,
+                           in.dbias0, nb, gemm_tol_f32(s->N));
+    test_same_bits(ctx, "dpre_bias, two GPU runs", o[1].dbias, o[2].dbias, nb);
+    free(own);
   }
   float *bufs[] = {in.dout, in.inp, in.weight, in.gelu_pre, in.dweight0, in.dbias0};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -336,8 +360,8 @@ static void negative_control(BackendPair *p, const LinearShape *s, TestRng *rng)
   free(got);
 }
 
-// Scratch: the CPU head needs B*C floats; the CUDA bias gradients up to max(32768, OC) partials,
-// and the head's d(pooled) (max_batch * max_width) past them.
+// Scratch: the CPU head needs B*C floats; the CUDA bias gradients up to 1024 rows of partials
+// (column_sums_cuda_scratch), and the head's d(pooled) (max_batch * max_width) past them.
 static BackendNeeds needs_for_shapes(void) {
   BackendNeeds nd = {.max_elements = 1, .max_rows = 1, .max_width = 1, .max_batch = 1};
   for (size_t i = 0; i < sizeof head_shapes / sizeof head_shapes[0]; i++) {

@@ -9,10 +9,13 @@
 // ragged one (the last block part full, odd W/2); together they reach every register shape of
 // bf16 / fp16 / fp32 that Swin-T uses and both fallbacks (C = 30 scalar; 4C = 6144, too wide for
 // registers). Parameter gradients accumulate onto random values; every backward runs twice and
-// must give the same bits.
+// must give the same bits. The backward's dbranch_bias (the column sums of dbranch, the bias
+// gradient of the layer that produced the branch) is asked for wherever the model asks for it,
+// the pure residual without LayerNorm term included.
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
+#include "kernels/gemm.h"
 
 typedef struct {
   const char *name;
@@ -79,20 +82,22 @@ typedef struct {
   MapKind lmap;      // dln's order
   MapKind bmap;      // dbranch's order
   bool scale;
+  bool dbranch_bias;  // dbranch's column sums (the branch's producer's bias gradient)
 } BackwardMode;
 
 static const BackwardMode backward_modes[] = {
-    {"LN1 of block j > 0: dres + LN1' from shifted windows, scaled", true, DRES_ALIAS, true,
-     MAP_SHIFTED, MAP_NONE, true},
-    {"LN1 of a stage's first block: from windows, no dres_out", true, DRES_NONE, true, MAP_PLAIN,
-     MAP_NONE, false},
-    {"LN2 + attention residual: dbranch to shifted windows, scaled", true, DRES_ALIAS, true,
-     MAP_NONE, MAP_SHIFTED, true},
-    {"final norm + last residual: no dres_in", false, DRES_SEPARATE, true, MAP_NONE, MAP_NONE,
-     true},
-    {"stage end: pure residual, no dln", true, DRES_ALIAS, false, MAP_NONE, MAP_NONE, true},
-    {"patch-embedding LN: no dres_in, no dres_out", false, DRES_NONE, true, MAP_NONE, MAP_NONE,
-     false},
+    {"LN1 of block j > 0: dres + LN1' from shifted windows, scaled, fc2 bias", true, DRES_ALIAS,
+     true, MAP_SHIFTED, MAP_NONE, true, true},
+    {"LN1 of a stage's first block: from windows, no dres_out, no bias", true, DRES_NONE, true,
+     MAP_PLAIN, MAP_NONE, false, false},
+    {"LN2 + attention residual: dbranch to shifted windows, scaled, proj bias", true, DRES_ALIAS,
+     true, MAP_NONE, MAP_SHIFTED, true, true},
+    {"final norm + last residual: no dres_in, fc2 bias", false, DRES_SEPARATE, true, MAP_NONE,
+     MAP_NONE, true, true},
+    {"stage end: pure residual, no dln, fc2 bias", true, DRES_ALIAS, false, MAP_NONE, MAP_NONE,
+     true, true},
+    {"patch-embedding LN: no dres_in, no dres_out, projection bias", false, DRES_NONE, true,
+     MAP_NONE, MAP_NONE, false, true},
 };
 
 static const WindowMap *map_or_null(const WindowMap *m, MapKind k) {
@@ -246,10 +251,10 @@ static void negative_control(BackendPair *p, const LnShape *s, TestRng *rng) {
 // ---- residual + LayerNorm backward -------------------------------------------------------------
 
 typedef struct {
-  float *dres_in, *dln, *x, *weight, *mean, *rstd, *scale, *dweight0, *dbias0;
+  float *dres_in, *dln, *x, *weight, *mean, *rstd, *scale, *dweight0, *dbias0, *dbranch_bias0;
 } BackwardIn;
 typedef struct {
-  float *dres_out, *dbranch, *dweight, *dbias;
+  float *dres_out, *dbranch, *dweight, *dbias, *dbranch_bias;
 } BackwardOut;
 
 static void backward_out_alloc(BackwardOut *o, int64_t n, int C) {
@@ -257,12 +262,14 @@ static void backward_out_alloc(BackwardOut *o, int64_t n, int C) {
   o->dbranch = test_alloc_floats(n);
   o->dweight = test_alloc_floats(C);
   o->dbias = test_alloc_floats(C);
+  o->dbranch_bias = test_alloc_floats(C);
 }
 static void backward_out_free(BackwardOut *o) {
   free(o->dres_out);
   free(o->dbranch);
   free(o->dweight);
   free(o->dbias);
+  free(o->dbranch_bias);
 }
 
 static void backward_on(Backend *be, const LnShape *s, const BackwardMode *md, const BackwardIn *in,
@@ -285,18 +292,21 @@ static void backward_on(Backend *be, const LnShape *s, const BackwardMode *md, c
     dbias = be_copy_f32(be, in->dbias0, s->C);
   }
   float *scale = md->scale ? be_copy_f32(be, in->scale, s->B) : NULL;
+  float *dbranch_bias = md->dbranch_bias ? be_copy_f32(be, in->dbranch_bias0, s->C) : NULL;
   WindowMap bm = shape_map(s, md->bmap), lm = shape_map(s, md->lmap);
-  be->ops->residual_layernorm_backward(be, dres_out, dbranch, dweight, dbias, dres_in, dln, x,
-                                       weight, mean, rstd, map_or_null(&bm, md->bmap), scale,
-                                       map_or_null(&lm, md->lmap), s->B, L, s->C);
+  be->ops->residual_layernorm_backward(be, dres_out, dbranch, dbranch_bias, dweight, dbias, dres_in,
+                                       dln, x, weight, mean, rstd, map_or_null(&bm, md->bmap),
+                                       scale, map_or_null(&lm, md->lmap), s->B, L, s->C);
   if (dres_out) be_read_f32(be, out->dres_out, dres_out, n);
   be_read_act(be, out->dbranch, dbranch, n);
   if (md->dln) {
     be_read_f32(be, out->dweight, dweight, s->C);
     be_read_f32(be, out->dbias, dbias, s->C);
   }
+  if (dbranch_bias) be_read_f32(be, out->dbranch_bias, dbranch_bias, s->C);
   if (md->dres_out == DRES_SEPARATE) be_free(be, dres_out);
-  void *bufs[] = {dres_in, dbranch, dln, x, weight, mean, rstd, dweight, dbias, scale};
+  void *bufs[] = {dres_in, dbranch, dln,   x,     weight,      mean,
+                  rstd,    dweight, dbias, scale, dbranch_bias};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(be, bufs[i]);
 }
 
@@ -339,8 +349,10 @@ static void check_backward(BackendPair *p, const LnShape *s, const BackwardMode 
   in.scale = drop_scales(s->B);
   in.dweight0 = test_alloc_floats(C);
   in.dbias0 = test_alloc_floats(C);
+  in.dbranch_bias0 = test_alloc_floats(C);
   test_fill_uniform(rng, in.dweight0, C, -1.0f, 1.0f);
   test_fill_uniform(rng, in.dbias0, C, -1.0f, 1.0f);
+  test_fill_uniform(rng, in.dbranch_bias0, C, -1.0f, 1.0f);
 
   BackwardOut want, got, again;
   backward_out_alloc(&want, n, C);
@@ -363,8 +375,22 @@ static void check_backward(BackendPair *p, const LnShape *s, const BackwardMode 
     test_same_bits(ctx, "dweight, two GPU runs", got.dweight, again.dweight, C);
     test_same_bits(ctx, "dbias, two GPU runs", got.dbias, again.dbias, C);
   }
+  if (md->dbranch_bias) {
+    // The GPU sums dbranch as it stores it (rounded to dt), the CPU its fp32 values: the
+    // roundings (each at most u of its element, of random sign) reach the sums as one rounding
+    // does a tensor, u normwise at most; the fp32 sums themselves differ by far less. Against
+    // the GPU's own dbranch as read back (summed here in double) only the fp32 order differs.
+    test_compare_increment(ctx, "dbranch_bias", got.dbranch_bias, want.dbranch_bias,
+                           in.dbranch_bias0, C, tol_stored(dt));
+    float *own = test_copy_floats(in.dbranch_bias0, C);
+    column_sums_cpu(own, got.dbranch, rows, C);
+    test_compare_increment(ctx, "dbranch_bias vs the sums of the GPU's own dbranch",
+                           got.dbranch_bias, own, in.dbranch_bias0, C, TOL_F32);
+    test_same_bits(ctx, "dbranch_bias, two GPU runs", got.dbranch_bias, again.dbranch_bias, C);
+    free(own);
+  }
   float *bufs[] = {in.dres_in, in.dln,   in.x,        in.weight, in.mean,
-                   in.rstd,    in.scale, in.dweight0, in.dbias0};
+                   in.rstd,    in.scale, in.dweight0, in.dbias0, in.dbranch_bias0};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
   backward_out_free(&want);
   backward_out_free(&got);
@@ -472,7 +498,7 @@ static void check_merge(BackendPair *p, const LnShape *s, TestRng *rng) {
 }
 
 // Scratch for the largest shape: the CPU composes its fused ops in 2 * elements floats; the CUDA
-// backward keeps 2 * width partial sums per block, the merge's width being 4C.
+// backward keeps 3 * width partial sums per block (2 * width in the merge, whose width is 4C).
 static BackendNeeds needs_for_shapes(void) {
   BackendNeeds nd = {.max_batch = 1};
   for (int i = 0; i < NUM_SHAPES + NUM_MERGE_ONLY_SHAPES; i++) {

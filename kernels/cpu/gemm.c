@@ -402,3 +402,19 @@ void linear_backward_cpu(float *dinp, float *dweight, float *dbias, const float 
   p.a_row_sums = dbias;
   gemm_run(&p);
 }
+
+void column_sums_cpu(float *sums, const float *x, int64_t rows, int cols) {
+  // Whole rows (up to 1024 columns at a time) into double accumulators that stay in L1: x is
+  // read once, in order.
+  enum { GROUP = 1024 };
+  double acc[GROUP];
+  for (int c0 = 0; c0 < cols; c0 += GROUP) {
+    int n = cols - c0 < GROUP ? cols - c0 : GROUP;
+    for (int c = 0; c < n; c++) acc[c] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      const float *row = x + r * cols + c0;
+      for (int c = 0; c < n; c++) acc[c] += row[c];
+    }
+    for (int c = 0; c < n; c++) sums[c0 + c] += (float)acc[c];
+  }
+}

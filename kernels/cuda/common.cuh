@@ -159,4 +159,71 @@ inline unsigned blocks_for(int64_t n, int threads) {
   return (unsigned)((n + threads - 1) / threads);
 }
 
+// ---- deterministic column sums ---------------------------------------------------------------
+// The bias gradients are column sums of a row-major (rows, cols) gradient, taken by the kernels
+// that write it, without atomics: block (x, y) of a 2-D grid owns group x of a row's vectors (VEC
+// consecutive columns each) over row chunk y; thread (tx, ty) adds rows ty, ty + blockDim.y, ...
+// of the chunk for its one vector; the block adds its thread rows in order into its chunk's row
+// of partial (chunks, cols); a second pass (column_partials_reduce_cuda in kernels/gemm.h) adds
+// the chunks in a fixed order. The tiling is a function of (rows, vectors per row) alone.
+//
+// Blocks have at most kColumnThreads threads: a row of at most 128 vectors is one block row (tx
+// = all its vectors, ty = 256 / tx rows at a time, so a block reads one contiguous range), wider
+// rows split into equal groups of at most 128 vectors (ty = 2 at least, so that a chunk's rows
+// are shared by twice as many threads). Chunks have at least kColumnMinRows rows (the partials
+// then cost at most 1/32 of the tensor) and there are at most kColumnMaxChunks of them (the
+// second pass stays short).
+constexpr int kColumnThreads = 256;
+constexpr int kColumnMaxGroup = kColumnThreads / 2;
+constexpr int64_t kColumnMaxChunks = 1024;
+constexpr int64_t kColumnMinRows = 32;
+
+struct ColumnTiling {
+  int tx, ty;              // block shape: vectors of a row, rows at a time
+  int col_groups;          // gridDim.x
+  int64_t chunks;          // gridDim.y, and the rows of partial
+  int64_t rows_per_chunk;  // a multiple of ty
+};
+
+inline ColumnTiling column_tiling(int64_t rows, int64_t vecs) {
+  ColumnTiling t;
+  int64_t groups = vecs <= kColumnMaxGroup ? 1 : (vecs + kColumnMaxGroup - 1) / kColumnMaxGroup;
+  t.col_groups = (int)groups;
+  t.tx = (int)((vecs + groups - 1) / groups);
+  if (t.tx < 1) t.tx = 1;
+  t.ty = kColumnThreads / t.tx;
+  int64_t r = (rows + kColumnMaxChunks - 1) / kColumnMaxChunks;
+  if (r < kColumnMinRows) r = kColumnMinRows;
+  t.rows_per_chunk = (r + t.ty - 1) / t.ty * t.ty;
+  t.chunks = rows > 0 ? (rows + t.rows_per_chunk - 1) / t.rows_per_chunk : 0;
+  return t;
+}
+
+// Rows of partial any tiling of `rows` rows needs at most.
+inline int64_t column_chunks_bound(int64_t rows) {
+  int64_t by_rows = (rows + kColumnMinRows - 1) / kColumnMinRows;
+  return rows <= 0 ? 0 : by_rows < kColumnMaxChunks ? by_rows : kColumnMaxChunks;
+}
+
+// The end of a column-sum kernel: thread (tx, ty)'s sums acc of the VEC columns of its vector
+// added over the block's thread rows in order and stored in row blockIdx.y of partial (chunks,
+// cols), at the columns of the block's vectors. Every thread of the block calls it (barrier).
+template <int VEC>
+__device__ void column_partial_store(float *__restrict__ partial, const float (&acc)[VEC],
+                                     int cols) {
+  __shared__ float rows[kColumnThreads * VEC];
+  const int width = blockDim.x * VEC;  // columns of the block
+  const int64_t col0 = (int64_t)blockIdx.x * width;
+  float *out = partial + (int64_t)blockIdx.y * cols + col0;
+#pragma unroll
+  for (int e = 0; e < VEC; e++) rows[threadIdx.y * width + threadIdx.x * VEC + e] = acc[e];
+  __syncthreads();
+  for (int c = threadIdx.y * blockDim.x + threadIdx.x; c < width && col0 + c < cols;
+       c += blockDim.x * blockDim.y) {
+    float s = 0.0f;
+    for (int y = 0; y < (int)blockDim.y; y++) s += rows[y * width + c];
+    out[c] = s;
+  }
+}
+
 }  // namespace swin_cuda

@@ -11,10 +11,13 @@
 // Non-finite inputs follow the formula as on the CPU: GELU(+inf) = +inf, GELU(-inf) = NaN,
 // GELU'(+-inf) = NaN (+-inf * 0 + Phi), NaN gives NaN.
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/gelu.h"
+#include "kernels/gemm.h"
 #include "src/cuda_util.h"
 
 namespace {
@@ -75,32 +78,41 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 
 // The MLP backward's two GELU passes in one: out = GELU(inp) (the forward recomputed) and
-// dinp = dout * GELU'(inp), Phi evaluated once for both. dinp and dout may alias.
+// dinp = dout * GELU'(inp), Phi evaluated once for both; with partial, the column sums of dinp
+// as stored (the bias gradient of the layer before the GELU) on the column-sum tiling of
+// kernels/cuda/common.cuh: thread (tx, ty) of block (x, y) owns vector x * blockDim.x + tx of
+// the rows ty, ty + blockDim.y, ... of row chunk y. dinp and dout may alias (each element is
+// read before it is written, by the same thread).
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    gelu_recompute_backward_kernel(T *__restrict__ out, T *dinp, const T *__restrict__ inp,
-                                   const T *dout, int64_t n) {
-  int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-  int64_t end = i + VEC <= n ? i + VEC : n;
-  if (end - i == VEC) {
-    float x[VEC], g[VEC], y[VEC];
-    load_vec<T, VEC>(x, inp + i);
-    load_vec<T, VEC>(g, dout + i);
+__global__ void __launch_bounds__(kColumnThreads)
+    gelu_recompute_backward_kernel(T *__restrict__ out, T *dinp, float *__restrict__ partial,
+                                   const T *__restrict__ inp, const T *dout, int64_t rows, int cols,
+                                   int64_t rows_per_chunk) {
+  const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float acc[VEC] = {};
+  if (v * VEC < cols) {
+    // Not unrolled: one row at a time keeps 48 registers (64 unrolled twice), so more warps fit
+    // an SM, and the arithmetic, not the loads, bounds this loop.
+#pragma unroll 1
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const int64_t i = r * cols + v * VEC;
+      float x[VEC], g[VEC], y[VEC];
+      load_vec<T, VEC>(x, inp + i);
+      load_vec<T, VEC>(g, dout + i);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) {
-      float cdf = normal_cdf<T>(x[k]);
-      y[k] = x[k] * cdf;
-      g[k] *= fmaf(x[k], normal_pdf<T>(x[k]), cdf);
-    }
-    store_vec<T, VEC>(out + i, y);
-    store_vec<T, VEC>(dinp + i, g);
-  } else {
-    for (; i < end; i++) {
-      float x = to_float<T>(inp[i]), cdf = normal_cdf<T>(x);
-      out[i] = from_float<T>(x * cdf);
-      dinp[i] = from_float<T>(to_float<T>(dout[i]) * fmaf(x, normal_pdf<T>(x), cdf));
+      for (int k = 0; k < VEC; k++) {
+        float cdf = normal_cdf<T>(x[k]);
+        y[k] = x[k] * cdf;
+        g[k] *= fmaf(x[k], normal_pdf<T>(x[k]), cdf);
+        acc[k] += round_to<T>(g[k]);
+      }
+      store_vec<T, VEC>(out + i, y);
+      store_vec<T, VEC>(dinp + i, g);
     }
   }
+  if (partial) column_partial_store<VEC>(partial, acc, cols);
 }
 
 unsigned gelu_blocks(int64_t n, int vec) {
@@ -126,19 +138,32 @@ void gelu_forward_cuda(DType dt, void *out, const void *inp, int64_t n, cudaStre
 }
 
 void gelu_recompute_backward_cuda(DType dt, void *out, void *dinp, const void *inp,
-                                  const void *dout, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
+                                  const void *dout, int64_t rows, int cols, float *dinp_sums,
+                                  float *scratch, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if (dinp_sums && !scratch) {
+    fprintf(stderr,
+            "gelu_recompute_backward_cuda: dinp_sums needs scratch (%lld floats)\n"
+            "HINT: allocate column_sums_cuda_scratch(rows, cols) floats on the device\n",
+            (long long)column_sums_cuda_scratch(rows, cols));
+    abort();
+  }
+  float *partial = dinp_sums ? scratch : nullptr;
   SWIN_DISPATCH(dt, T, {
     T *o = static_cast<T *>(out), *d = static_cast<T *>(dinp);
     const T *x = static_cast<const T *>(inp), *g = static_cast<const T *>(dout);
-    if (aligned16(out) && aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
-      constexpr int V = kVec16<T>;
-      gelu_recompute_backward_kernel<T, V>
-          <<<gelu_blocks(n, V), kThreadsPerBlock, 0, stream>>>(o, d, x, g, n);
-    } else {
+    const bool vec = cols % kVec16<T> == 0 && aligned16(out) && aligned16(dinp) && aligned16(inp) &&
+                     aligned16(dout);
+    const int V = vec ? kVec16<T> : 1;
+    ColumnTiling t = column_tiling(rows, cols / V);
+    dim3 grid((unsigned)t.col_groups, (unsigned)t.chunks), block(t.tx, t.ty);
+    if (vec)
+      gelu_recompute_backward_kernel<T, kVec16<T>>
+          <<<grid, block, 0, stream>>>(o, d, partial, x, g, rows, cols, t.rows_per_chunk);
+    else
       gelu_recompute_backward_kernel<T, 1>
-          <<<gelu_blocks(n, 1), kThreadsPerBlock, 0, stream>>>(o, d, x, g, n);
-    }
+          <<<grid, block, 0, stream>>>(o, d, partial, x, g, rows, cols, t.rows_per_chunk);
+    CUDA_CHECK_LAUNCH();
+    if (dinp_sums) column_partials_reduce_cuda(dinp_sums, partial, t.chunks, cols, stream);
   });
-  CUDA_CHECK_LAUNCH();
 }

@@ -13,10 +13,14 @@
 // (its split-K reductions are fixed-order), so a run's bits do not change from step to step.
 //
 // Epilogues: the bias add of the forward, and in the backward the bias gradient (BGRADB: the
-// column sums of dout, reduced inside the dweight product that reads dout anyway). Where
-// cuBLASLt has no algorithm with BGRADB for a problem, the column sums run as two passes of
-// our own instead. cuBLASLt's GELU epilogues are not used: they compute the tanh approximation,
-// and the models here use the exact (erf) GELU (kernels/cuda/gelu.cu).
+// column sums of dout, reduced inside the dweight product that reads dout anyway) for callers
+// that ask linear_backward_cuda for one (the head). Where cuBLASLt has no algorithm with BGRADB
+// for a problem, the column sums run as two passes of our own instead (column_sums_cuda). The
+// model's linear layers ask for none: cuBLASLt often ran BGRADB as a separate small kernel, so
+// their bias gradients come from the kernels that write their output gradients, on the tiling
+// of kernels/cuda/common.cuh, with column_partials_reduce_cuda as the second pass. cuBLASLt's GELU
+// epilogues are not used: they compute the tanh approximation, and the models here use the exact
+// (erf) GELU (kernels/cuda/gelu.cu).
 #include <cublasLt.h>
 
 #include <climits>
@@ -123,55 +127,53 @@ __global__ void scale_kernel(T *C, int64_t rows, int64_t cols, int64_t ldc, floa
 }
 
 // ---- deterministic column sums ------------------------------------------------------------
-// Pass 1 splits the rows into `chunks` fixed ranges; block (column group, chunk) sums its range
-// for 32 columns (8 thread rows, each a strided subset, then the 8 added in order) into
-// partial (chunks, cols). Pass 2 sums each column's partials in a fixed tree and adds the total
-// to the output. The partition depends only on (rows, cols), never on the device.
-constexpr int kMaxPass1Blocks = 1024;  // enough to fill an H200; bounds pass 2's work
-constexpr int kMinRowsPerChunk = 64;
+// Pass 1 (column_sums_partial_kernel) leaves each row chunk's column sums in partial on the
+// tiling of kernels/cuda/common.cuh; pass 2 (column_partials_reduce_kernel) adds the chunks.
 
-int64_t column_sum_chunks(int64_t rows, int64_t cols) {
-  int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-  int64_t chunks = col_blocks > 0 ? kMaxPass1Blocks / col_blocks : 1;
-  int64_t by_rows = (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk;
-  if (chunks > by_rows) chunks = by_rows;
-  return chunks > 1 ? chunks : 1;
-}
-
-template <typename T>
-__global__ void column_sums_partial_kernel(float *__restrict__ partial, const T *__restrict__ x,
-                                           int64_t rows, int cols, int64_t rows_per_chunk) {
-  __shared__ float sums[kRowsPerBlock][kColsPerBlock + 1];
-  int64_t col = (int64_t)blockIdx.x * kColsPerBlock + threadIdx.x;
-  int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
-  int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  float acc = 0.0f;
-  if (col < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock)
-      acc += to_float<T>(x[r * cols + col]);
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = 0.0f;
-    for (int i = 0; i < kRowsPerBlock; i++) total += sums[i][threadIdx.x];
-    partial[(int64_t)blockIdx.y * cols + col] = total;
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kColumnThreads)
+    column_sums_partial_kernel(float *__restrict__ partial, const T *__restrict__ x, int64_t rows,
+                               int cols, int64_t rows_per_chunk) {
+  const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float acc[VEC] = {};
+  if (v * VEC < cols) {
+#pragma unroll 4
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      float xv[VEC];
+      load_vec<T, VEC>(xv, x + r * cols + v * VEC);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] += xv[e];
+    }
   }
+  column_partial_store<VEC>(partial, acc, cols);
 }
 
-constexpr int kFinishWarps = 8;  // columns (one per warp) per pass-2 block
+// The reduction of the partials: 32 columns per block, 32 thread rows splitting the parts.
+constexpr int kWarp = 32, kReduceRows = 32;
 
-// out[col] += sum over chunks of partial[chunk][col]; lane 0's butterfly result is used (all
-// lanes hold the same bits, since a + b == b + a exactly).
-__global__ void column_sums_finish_kernel(float *__restrict__ out,
-                                          const float *__restrict__ partial, int64_t chunks,
-                                          int cols) {
-  int64_t col = (int64_t)blockIdx.x * kFinishWarps + (threadIdx.x >> 5);
-  int lane = threadIdx.x & 31;
-  if (col >= cols) return;  // whole warps: no barrier below
-  float acc = 0.0f;
-  for (int64_t c = lane; c < chunks; c += 32) acc += partial[c * cols + col];
-  acc = warp_sum(acc);
-  if (lane == 0) out[col] += acc;
+// out[col] += sum over p < parts of partial[p * cols + col], in double and in a fixed order:
+// thread row ty adds parts ty, ty + 32, ... in order, then thread row 0 adds the 32 thread rows
+// in order. Block (32, 32) per 32 columns: the loads of a warp are one row's 32 columns.
+__global__ void __launch_bounds__(kWarp *kReduceRows)
+    column_partials_reduce_kernel(float *__restrict__ out, const float *__restrict__ partial,
+                                  int64_t parts, int cols) {
+  __shared__ double sums[kReduceRows][kWarp];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col = (int64_t)blockIdx.x * kWarp + tx;
+  double s = 0.0;
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t p = ty; p < parts; p += kReduceRows) s += partial[p * cols + col];
+  }
+  sums[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    double total = 0.0;
+    for (int y = 0; y < kReduceRows; y++) total += sums[y][tx];
+    out[col] += (float)total;
+  }
 }
 
 }  // namespace
@@ -346,8 +348,40 @@ void linear_forward_cuda(GemmContext *g, DType dt, void *out, const void *inp, c
   gemm_cuda(g, dt, dt, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC, bias);
 }
 
+int64_t column_sums_cuda_scratch(int64_t rows, int cols) {
+  return column_chunks_bound(rows) * (cols > 0 ? cols : 0);
+}
+
+void column_partials_reduce_cuda(float *out, const float *partial, int64_t parts, int cols,
+                                 cudaStream_t stream) {
+  if (parts <= 0 || cols <= 0) return;
+  column_partials_reduce_kernel<<<(unsigned)((cols + kWarp - 1) / kWarp), dim3(kWarp, kReduceRows),
+                                  0, stream>>>(out, partial, parts, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+void column_sums_cuda(DType dt, float *out, const void *x, int64_t rows, int cols, float *scratch,
+                      cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  SWIN_DISPATCH(dt, T, {
+    const T *xt = static_cast<const T *>(x);
+    const bool vec = cols % kVec16<T> == 0 && aligned16(x);
+    const int V = vec ? kVec16<T> : 1;
+    ColumnTiling t = column_tiling(rows, cols / V);
+    dim3 grid((unsigned)t.col_groups, (unsigned)t.chunks), block(t.tx, t.ty);
+    if (vec)
+      column_sums_partial_kernel<T, kVec16<T>>
+          <<<grid, block, 0, stream>>>(scratch, xt, rows, cols, t.rows_per_chunk);
+    else
+      column_sums_partial_kernel<T, 1>
+          <<<grid, block, 0, stream>>>(scratch, xt, rows, cols, t.rows_per_chunk);
+    CUDA_CHECK_LAUNCH();
+    column_partials_reduce_cuda(out, scratch, t.chunks, cols, stream);
+  });
+}
+
 int64_t linear_backward_cuda_scratch(int64_t N, int OC) {
-  return column_sum_chunks(N, OC) * (OC > 0 ? OC : 0);
+  return column_sums_cuda_scratch(N, OC);
 }
 
 void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, float *dbias,
@@ -378,24 +412,12 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
     const GemmPlan *p = gemm_plan(g, key, scratch);
     if (p->usable) {
       gemm_run(g, p, 1.0f, dout, inp, 1.0f, dweight, scratch);
-      column_sums_finish_kernel<<<(unsigned)((OC + kFinishWarps - 1) / kFinishWarps),
-                                  kFinishWarps * 32, 0, g->stream>>>(dbias, scratch, 1, OC);
-      CUDA_CHECK_LAUNCH();
+      column_partials_reduce_cuda(dbias, scratch, 1, OC, g->stream);
       return;
     }
     gemm_cuda(g, dt, DTYPE_F32, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC,
               nullptr);
   }
   // dbias (OC) += column sums of dout (N, OC), in two fixed-order passes.
-  int64_t chunks = column_sum_chunks(N, OC);
-  int64_t rows_per_chunk = (N + chunks - 1) / chunks;
-  dim3 grid1((unsigned)((OC + kColsPerBlock - 1) / kColsPerBlock), (unsigned)chunks);
-  SWIN_DISPATCH(dt, T,
-                column_sums_partial_kernel<T>
-                <<<grid1, dim3(kColsPerBlock, kRowsPerBlock), 0, g->stream>>>(
-                    scratch, static_cast<const T *>(dout), N, OC, rows_per_chunk));
-  CUDA_CHECK_LAUNCH();
-  unsigned grid2 = (unsigned)((OC + kFinishWarps - 1) / kFinishWarps);
-  column_sums_finish_kernel<<<grid2, kFinishWarps * 32, 0, g->stream>>>(dbias, scratch, chunks, OC);
-  CUDA_CHECK_LAUNCH();
+  column_sums_cuda(dt, dbias, dout, N, OC, scratch, g->stream);
 }

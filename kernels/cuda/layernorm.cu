@@ -16,7 +16,9 @@
 // warps accumulates its rows' dout * xhat and dout in its own shared-memory copy (one lane per
 // column, no races), the block adds its warps in warp order into its slot of scratch, and a
 // second kernel adds the blocks' slots in block order (in double). The partition depends only on
-// (rows, C), so the gradients are bitwise the same run after run.
+// (rows, C), so the gradients are bitwise the same run after run. The residual backward sums the
+// branch gradient it writes the same way (the bias gradient of the linear layer that produced
+// the branch: a third C-wide part of each block's slot), with or without the LayerNorm term.
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -86,73 +88,93 @@ __device__ __forceinline__ int64_t mapped_row(const RowMap &map, int64_t t, int6
 // ---- parameter-gradient partials (shared by both backwards) -----------------------------------
 
 // The fixed partition of a backward: `warps` warps per block, `rows_per_block` consecutive rows
-// per block, `blocks` blocks. Everything is a function of (rows, C) alone.
+// per block, `blocks` blocks. Everything is a function of (rows, C) and the number of C-wide
+// sums a block keeps (`parts`: dweight and dbias; the residual backward's third, dbranch) alone.
 struct BackwardPlan {
   int warps;
   int64_t rows_per_block, blocks;
-  size_t shared_bytes;  // per block: `warps` accumulator pairs of C floats
+  size_t shared_bytes;  // per block: `warps` accumulator sets of parts x C floats
 };
 
-BackwardPlan backward_plan(int64_t N, int C) {
+// The C-wide sums of the residual backward's blocks: dweight, dbias, dbranch (kernels/layernorm.h
+// calls the last one dbranch_bias).
+constexpr int kResidualParts = 3;
+
+BackwardPlan backward_plan(int64_t N, int C, int parts = 2) {
   BackwardPlan p;
-  int64_t fit = kDefaultSharedBytes / (2 * (int64_t)C * (int64_t)sizeof(float));
+  int64_t fit = kDefaultSharedBytes / (parts * (int64_t)C * (int64_t)sizeof(float));
   p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
   int64_t max_rows = (int64_t)p.warps * kBackwardMaxBlocks;
   int64_t rows_per_warp = N > max_rows ? (N + max_rows - 1) / max_rows : 1;
   p.rows_per_block = rows_per_warp * p.warps;
   p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
-  p.shared_bytes = (size_t)p.warps * 2 * (size_t)C * sizeof(float);
+  p.shared_bytes = (size_t)p.warps * parts * (size_t)C * sizeof(float);
   return p;
 }
 
-__device__ __forceinline__ void zero_accumulators(float *acc, int C) {
-  for (int c = threadIdx.x % kWarp; c < 2 * C; c += kWarp) acc[c] = 0.0f;
+__device__ __forceinline__ void zero_accumulators(float *acc, int C, int parts = 2) {
+  for (int c = threadIdx.x % kWarp; c < parts * C; c += kWarp) acc[c] = 0.0f;
 }
 
 // After the row loop (every thread of the block reaches it): the block's warps' accumulators
-// added in warp order into the block's slot of partial (2C).
-__device__ void store_block_partial(float *partial, const float *acc_all, int C) {
+// (parts x C each) added in warp order into the block's slot of partial (parts x C).
+__device__ void store_block_partial(float *partial, const float *acc_all, int C, int parts = 2) {
   __syncthreads();
-  const int warps = blockDim.x / kWarp;
-  float *slot = partial + (int64_t)blockIdx.x * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+  const int warps = blockDim.x / kWarp, width = parts * C;
+  float *slot = partial + (int64_t)blockIdx.x * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
     float s = 0.0f;
-    for (int w = 0; w < warps; w++) s += acc_all[(size_t)w * 2 * C + c];
+    for (int w = 0; w < warps; w++) s += acc_all[(size_t)w * width + c];
     slot[c] = s;
   }
 }
 
-// dweight += sum over blocks of partial[.][0:C], dbias += of partial[.][C:2C], in double and in
-// a fixed order: thread row ty adds blocks ty, ty + 32, ... in order, then thread row 0 adds the
-// 32 thread rows in order. Block (32, 32), one block per 32 of the 2C columns.
+// The sums over blocks of each block's slot of partial (parts x C floats): part k's columns go
+// to out[k] (+=; parts without an output are skipped), in double and in a fixed order: thread
+// row ty adds blocks ty, ty + 32, ... in order, then thread row 0 adds the 32 thread rows in
+// order. Block (32, 32), one block per 32 of the columns [first * C, end * C).
+struct PartOutputs {
+  float *out[kResidualParts];
+};
+
 __global__ void __launch_bounds__(kReduceThreads)
-    param_grad_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
-                             const float *__restrict__ partial, int64_t blocks, int C) {
+    param_grad_reduce_kernel(PartOutputs outs, const float *__restrict__ partial, int64_t blocks,
+                             int C, int parts, int first, int end) {
   __shared__ double rows[kReduceRows][kWarp];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int col = blockIdx.x * kWarp + tx;
+  const int64_t col = (int64_t)first * C + (int64_t)blockIdx.x * kWarp + tx;
+  const int part = (int)(col / C);
+  // A select, not outs.out[part]: a dynamic index into a parameter array costs a stack copy.
+  float *out = part == 0 ? outs.out[0] : part == 1 ? outs.out[1] : outs.out[2];
+  const bool live = col < (int64_t)end * C && out != nullptr;
+  const int64_t width = (int64_t)parts * C;
   double s = 0.0;
-  if (col < 2 * C) {
-    for (int64_t p = ty; p < blocks; p += kReduceRows) s += partial[p * 2 * C + col];
+  if (live) {
+#pragma unroll 4
+    for (int64_t p = ty; p < blocks; p += kReduceRows) s += partial[p * width + col];
   }
   rows[ty][tx] = s;
   __syncthreads();
-  if (ty == 0 && col < 2 * C) {
+  if (ty == 0 && live) {
     double total = 0.0;
     for (int y = 0; y < kReduceRows; y++) total += rows[y][tx];
-    if (col < C)
-      dweight[col] += (float)total;
-    else
-      dbias[col - C] += (float)total;
+    out[col - (int64_t)part * C] += (float)total;
   }
 }
 
+// Parts [first, end) of the blocks' slots (parts x C each) into outs.
+void launch_part_reduce(PartOutputs outs, const float *partial, int64_t blocks, int C, int parts,
+                        int first, int end, cudaStream_t stream) {
+  const unsigned reduce_blocks = (unsigned)(((int64_t)(end - first) * C + kWarp - 1) / kWarp);
+  param_grad_reduce_kernel<<<reduce_blocks, dim3(kWarp, kReduceRows), 0, stream>>>(
+      outs, partial, blocks, C, parts, first, end);
+  CUDA_CHECK_LAUNCH();
+}
+
+// dweight, dbias += the sums of slots of [dweight terms | dbias terms] (2C each).
 void launch_param_grad_reduce(float *dweight, float *dbias, const float *partial, int64_t blocks,
                               int C, cudaStream_t stream) {
-  const unsigned reduce_blocks = (unsigned)((2 * (int64_t)C + kWarp - 1) / kWarp);
-  param_grad_reduce_kernel<<<reduce_blocks, dim3(kWarp, kReduceRows), 0, stream>>>(
-      dweight, dbias, partial, blocks, C);
-  CUDA_CHECK_LAUNCH();
+  launch_part_reduce(PartOutputs{{dweight, dbias, nullptr}}, partial, blocks, C, 2, 0, 2, stream);
 }
 
 template <typename Kernel>
@@ -232,8 +254,10 @@ __global__ void __launch_bounds__(kForwardThreads)
 // ---- residual + LayerNorm, backward -----------------------------------------------------------
 // Row t: g = dres_in[t] + rstd * (gy - mean(gy) - xhat * mean(gy * xhat)), gy = dln[lmap(t)] *
 // weight (the CPU's formula); dres_out[t] = g, dbranch[bmap(t)] = scale[b] * g. Without dln the
-// LayerNorm term and the parameter gradients are absent. dres_in and dres_out may be the same
-// array (each element is read before it is written, by the same thread).
+// LayerNorm term and the parameter gradients are absent. With sum_branch the block's slot of
+// partial also gets the column sums of dbranch as stored (part 2 of kResidualParts; parts 0 and
+// 1 are dweight and dbias). dres_in and dres_out may be the same array (each element is read
+// before it is written, by the same thread).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kBackwardMaxThreads)
     residual_layernorm_backward_kernel(float *dres_out, T *__restrict__ dbranch,
@@ -243,12 +267,14 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
                                        const float *__restrict__ mean,
                                        const float *__restrict__ rstd, RowMap bmap,
                                        const float *__restrict__ scale, RowMap lmap, int64_t N,
-                                       int64_t L, int C, int64_t rows_per_block) {
+                                       int64_t L, int C, int64_t rows_per_block, bool sum_branch) {
   extern __shared__ float4 shared_f4[];  // float4: 16-byte alignment
   float *acc_all = reinterpret_cast<float *>(shared_f4);
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  float *acc_dw = acc_all + (size_t)warp * 2 * C, *acc_db = acc_dw + C;
-  if (dln) zero_accumulators(acc_dw, C);
+  float *acc_dw = acc_all + (size_t)warp * kResidualParts * C, *acc_db = acc_dw + C;
+  float *acc_ds = acc_db + C;
+  const bool sums = dln || sum_branch;
+  if (sums) zero_accumulators(acc_dw, C, kResidualParts);
 
   const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
   const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
@@ -301,10 +327,14 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 #pragma unroll
         for (int k = 0; k < VEC; k++) gv[k] *= s;
         store_vec<T, VEC>(db + c, gv);
+        if (sum_branch) {
+#pragma unroll
+          for (int k = 0; k < VEC; k++) acc_ds[c + k] += round_to<T>(gv[k]);
+        }
       }
     }
   }
-  if (dln) store_block_partial(partial, acc_all, C);
+  if (sums) store_block_partial(partial, acc_all, C, kResidualParts);
 }
 
 // ---- patch merging + LayerNorm ----------------------------------------------------------------
@@ -503,53 +533,56 @@ __global__ void __launch_bounds__(kForwardThreads)
   }
 }
 
-// The row slots of a block (warps x rows per warp) each hold dweight / dbias terms of their
-// columns in registers; they meet in shared memory (slot-major) and are added in slot order
-// into the block's partial (2C).
+// The row slots of a block (warps x rows per warp) each hold terms of their columns in
+// registers (dweight / dbias, dbranch); they meet in shared memory (slot-major, 2C floats per
+// slot) and are added in slot order into the block's partial (parts x C: kResidualParts for the
+// residual backward, 2 for the merge's), `count` (1 or 2) C-wide arrays at a time into parts
+// [first, first + count). Every thread of the block calls it (barriers); calls may follow each
+// other, each reusing the shared memory.
 template <int VEC, int MAXV, int LANES>
-__device__ void store_slot_partials(float *partial, float *acc_all, const float (&dw)[MAXV][VEC],
-                                    const float (&db)[MAXV][VEC], int C, int slot, int slots) {
+__device__ void store_slot_partials(float *partial, float *acc_all, const float (&a)[MAXV][VEC],
+                                    const float (&b)[MAXV][VEC], int count, int first, int parts,
+                                    int C, int slot, int slots) {
   const int sl = threadIdx.x % 32 % LANES;
-  float *acc = acc_all + (size_t)slot * 2 * C;
+  const int width = count * C;
+  float *acc = acc_all + (size_t)slot * width;
+  __syncthreads();  // a previous call's readers are done
 #pragma unroll
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
     if (c >= C) continue;
 #pragma unroll
     for (int e = 0; e < VEC; e++) {
-      acc[c + e] = dw[k][e];
-      acc[C + c + e] = db[k][e];
+      acc[c + e] = a[k][e];
+      if (count == 2) acc[C + c + e] = b[k][e];
     }
   }
   __syncthreads();
-  float *out = partial + (int64_t)blockIdx.x * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+  float *out = partial + (int64_t)blockIdx.x * parts * C + (int64_t)first * C;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
     float total = 0.0f;
-    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * 2 * C + c];
+    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * width + c];
     out[c] = total;
   }
 }
 
 template <typename T, int VEC, int MAXV, int LANES>
-__global__ void __launch_bounds__(kBackwardMaxThreads)
-    residual_layernorm_backward_reg_kernel(float *dres_out, T *__restrict__ dbranch,
-                                           float *__restrict__ partial, const float *dres_in,
-                                           const T *__restrict__ dln, const T *__restrict__ x,
-                                           const float *__restrict__ weight,
-                                           const float *__restrict__ mean,
-                                           const float *__restrict__ rstd, RowMap bmap,
-                                           const float *__restrict__ scale, RowMap lmap, int64_t N,
-                                           int64_t L, int C, int64_t rows_per_block) {
+__global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backward_reg_kernel(
+    float *dres_out, T *__restrict__ dbranch, float *__restrict__ partial, const float *dres_in,
+    const T *__restrict__ dln, const T *__restrict__ x, const float *__restrict__ weight,
+    const float *__restrict__ mean, const float *__restrict__ rstd, RowMap bmap,
+    const float *__restrict__ scale, RowMap lmap, int64_t N, int64_t L, int C,
+    int64_t rows_per_block, bool sum_branch) {
   extern __shared__ float4 shared_f4[];
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x % 32, sl = lane % LANES;
   const int slots = blockDim.x / 32 * kRowsPerWarp;
   const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
-  float dw[MAXV][VEC], db[MAXV][VEC];
+  float dw[MAXV][VEC], db[MAXV][VEC], ds[MAXV][VEC];
 #pragma unroll
   for (int k = 0; k < MAXV; k++)
 #pragma unroll
-    for (int e = 0; e < VEC; e++) dw[k][e] = db[k][e] = 0.0f;
+    for (int e = 0; e < VEC; e++) dw[k][e] = db[k][e] = ds[k][e] = 0.0f;
 
   const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
   const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
@@ -613,12 +646,19 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 #pragma unroll
         for (int e = 0; e < VEC; e++) out[e] = s * g[k][e];
         store_vec<T, VEC>(dbr + c, out);
+        if (sum_branch)
+#pragma unroll
+          for (int e = 0; e < VEC; e++) ds[k][e] += round_to<T>(out[e]);
       }
     }
   }
+  float *acc_all = reinterpret_cast<float *>(shared_f4);
   if (dln)
-    store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, C,
-                                          slot, slots);
+    store_slot_partials<VEC, MAXV, LANES>(partial, acc_all, dw, db, 2, 0, kResidualParts, C, slot,
+                                          slots);
+  if (sum_branch)
+    store_slot_partials<VEC, MAXV, LANES>(partial, acc_all, ds, ds, 1, 2, kResidualParts, C, slot,
+                                          slots);
 }
 
 // The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
@@ -690,7 +730,8 @@ void with_exact_reg_shape(RegShape r, F f) {
 }
 
 // The register backward's fixed partition: slot count per block from the shared memory its
-// partials need (2C floats per slot), rows per block from (rows, C) alone.
+// partials need (2C floats per slot: dweight and dbias meet there first, the dbranch sums after
+// them), rows per block from (rows, C) alone.
 BackwardPlan reg_backward_plan(int64_t N, int C, int lanes) {
   BackwardPlan p;
   int per_warp = 32 / lanes;
@@ -909,8 +950,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       store_f32<VEC>(dtokens + first + offset[k], dx);
     }
   }
-  store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, C4,
-                                        slot, slots);
+  store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, 2, 0,
+                                        2, C4, slot, slots);
 }
 
 // The merge's register shapes (lanes per row, vectors per lane). merge_shape picks the one that
@@ -1021,41 +1062,41 @@ void launch_residual_forward(T *xo, T *lo, float *mean, float *rstd, const T *xi
 }
 
 // The backward's kernel for T, as the forward chooses; returns the plan it used (its blocks
-// hold the parameter-gradient partials).
+// hold the partials: kResidualParts x C floats each). sums: the dbranch column sums are wanted.
 template <typename T>
 BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, const float *dres_in,
                                       const T *dy, const T *xr, const float *weight,
                                       const float *mean, const float *rstd, RowMap bmap,
                                       const float *scale, RowMap lmap, int64_t N, int64_t L, int C,
-                                      cudaStream_t stream) {
+                                      bool sums, cudaStream_t stream) {
   RegShape r = reg_shape<T>(C, false);
   if (r.lanes && can_vectorize<T>(C, {dbr, dy, xr, dres_in, dres_out}) && aligned16(weight)) {
     BackwardPlan p = reg_backward_plan(N, C, r.lanes);
-    const size_t shared = dy ? p.shared_bytes : 0;
+    const size_t shared = dy || sums ? p.shared_bytes : 0;
     with_reg_shape(r, [&](auto MAXV, auto LANES) {
       constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
       auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>;
       allow_shared(kernel, shared);
       kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
           dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
-          p.rows_per_block);
+          p.rows_per_block, sums);
     });
     return p;
   }
-  BackwardPlan p = backward_plan(N, C);
-  const size_t shared = dy ? p.shared_bytes : 0;
+  BackwardPlan p = backward_plan(N, C, kResidualParts);
+  const size_t shared = dy || sums ? p.shared_bytes : 0;
   if (can_vectorize<T>(C, {dbr, dy, xr}) && C % 4 == 0) {
     auto kernel = residual_layernorm_backward_kernel<T, kVec16<T>>;
     allow_shared(kernel, shared);
     kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
         dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
-        p.rows_per_block);
+        p.rows_per_block, sums);
   } else {
     auto kernel = residual_layernorm_backward_kernel<T, 1>;
     allow_shared(kernel, shared);
     kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
         dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
-        p.rows_per_block);
+        p.rows_per_block, sums);
   }
   return p;
 }
@@ -1148,32 +1189,53 @@ void residual_layernorm_forward_cuda(DType dt, void *x_out, void *ln_out, float 
   CUDA_CHECK_LAUNCH();
 }
 
+// Also covers the merge backward (backward_plan with 2 parts of its 4C: blocks x 2 x 4C floats).
 int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C) {
   if (rows <= 0 || C <= 0) return 0;
-  int64_t a = backward_plan(rows, C).blocks, b = 0;
+  int64_t blocks = backward_plan(rows, C).blocks;
+  int64_t k = backward_plan(rows, C, kResidualParts).blocks;
+  blocks = k > blocks ? k : blocks;
   for (int lanes = 4; lanes <= 32; lanes *= 2) {  // any register shape the dispatch may pick
-    int64_t k = reg_backward_plan(rows, C, lanes).blocks;
-    b = k > b ? k : b;
+    k = reg_backward_plan(rows, C, lanes).blocks;
+    blocks = k > blocks ? k : blocks;
   }
-  return (a > b ? a : b) * 2 * (int64_t)C;
+  return blocks * kResidualParts * (int64_t)C;
 }
 
-void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dweight,
-                                      float *dbias, const float *dres_in, const void *dln,
-                                      const void *x, const float *weight, const float *mean,
-                                      const float *rstd, const WindowMap *branch_map,
-                                      const float *scale, const WindowMap *ln_map, int B, int64_t L,
-                                      int C, float *scratch, cudaStream_t stream) {
+void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dbranch_bias,
+                                      float *dweight, float *dbias, const float *dres_in,
+                                      const void *dln, const void *x, const float *weight,
+                                      const float *mean, const float *rstd,
+                                      const WindowMap *branch_map, const float *scale,
+                                      const WindowMap *ln_map, int B, int64_t L, int C,
+                                      float *scratch, cudaStream_t stream) {
   int64_t N = (int64_t)B * L;
   if (N <= 0 || C <= 0) return;
+  const bool sums = dbranch_bias != nullptr;
+  if (sums && !dbranch) {
+    fprintf(stderr, "residual_layernorm_backward_cuda: dbranch_bias without dbranch to sum\n");
+    abort();
+  }
+  if ((dln || sums) && !scratch) {
+    fprintf(stderr,
+            "residual_layernorm_backward_cuda: dln or dbranch_bias needs scratch (%lld floats)\n"
+            "HINT: allocate residual_layernorm_backward_cuda_scratch(B * L, C) floats on the "
+            "device\n",
+            (long long)residual_layernorm_backward_cuda_scratch(N, C));
+    abort();
+  }
   BackwardPlan p = {};
-  SWIN_DISPATCH(dt, T,
-                p = launch_residual_backward<T>(
-                    dres_out, static_cast<T *>(dbranch), scratch, dres_in,
-                    static_cast<const T *>(dln), static_cast<const T *>(x), weight, mean, rstd,
-                    row_map(branch_map, L, N), scale, row_map(ln_map, L, N), N, L, C, stream));
+  SWIN_DISPATCH(
+      dt, T,
+      p = launch_residual_backward<T>(dres_out, static_cast<T *>(dbranch), scratch, dres_in,
+                                      static_cast<const T *>(dln), static_cast<const T *>(x),
+                                      weight, mean, rstd, row_map(branch_map, L, N), scale,
+                                      row_map(ln_map, L, N), N, L, C, sums, stream));
   CUDA_CHECK_LAUNCH();
-  if (dln) launch_param_grad_reduce(dweight, dbias, scratch, p.blocks, C, stream);
+  // Parts 0 and 1 (dweight, dbias) with the LayerNorm term, part 2 (dbranch) with its sums.
+  if (dln || sums)
+    launch_part_reduce(PartOutputs{{dweight, dbias, dbranch_bias}}, scratch, p.blocks, C,
+                       kResidualParts, dln ? 0 : 2, sums ? 3 : 2, stream);
 }
 
 void merge_layernorm_forward_cuda(DType dt, void *out, float *mean, float *rstd, const void *tokens,
