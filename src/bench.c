@@ -8,13 +8,14 @@
 //
 // Under a launcher (mpirun -np N, srun; also -np 1) a step is the trainer's data-parallel step:
 // this rank's share of train.batch_size (the global batch), its gradients averaged over the ranks
-// by the trainer's GradReducer while backward runs. Each timed round then has a twin right after
-// it with the reduction skipped and nothing else changed (grad_reducer_skip_reduction): the
-// difference of their medians is how much the reduction lengthens the step ("exposed"). The
-// profiled round also times the reduction itself, on the communication stream on the GPU (the
-// host clock around MPI on the CPU); what of it did not lengthen the step was hidden behind
-// backward. Every time is the slowest rank's (the maximum over the ranks, so rank 0, which prints,
-// reports the slowest), and img/s counts the images of every rank.
+// by the trainer's GradReducer while backward runs. Each timed round then has a twin beside it
+// (after it, or before it every other round) with the reduction skipped and nothing else changed
+// (grad_reducer_skip_reduction): the difference of their medians is how much the reduction
+// lengthens the step ("exposed"). The profiled round also times the reduction itself, on the
+// communication stream on the GPU (the host clock around MPI on the CPU); what of it did not
+// lengthen the step was hidden behind backward. Every time is the slowest rank's (the maximum
+// over the ranks, so rank 0, which prints, reports the slowest), and img/s counts the images of
+// every rank.
 #include "src/bench.h"
 
 #include <math.h>
