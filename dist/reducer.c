@@ -20,6 +20,9 @@ struct GradReducer {
   int next;     // the first bucket of this step not reduced yet
   bool failed;  // a reduction of this step failed; err says how
   Error err;
+  bool skip;           // buckets are not reduced (grad_reducer_skip_reduction)
+  bool profiling;      // each reduction is timed (grad_reducer_profile)
+  double profiled_ms;  // the reductions timed and collected since the last report
 #ifdef SWIN_HAVE_NCCL
   NcclComm *nccl;  // NULL on the CPU backend
   ReduceDtype dtype;
@@ -28,8 +31,14 @@ struct GradReducer {
   cudaEvent_t
       reduced[2];  // recorded on the communication stream after step s's last bucket: [s % 2]
   int64_t steps;   // steps finished (grad_reducer_finish_step calls)
+  // Profiling: a pair of timing events around each reduction on the communication stream,
+  // collected when the pool is full or at a report.
+  cudaEvent_t *marks;  // (2 * PROFILE_MARKS), created when profiling first starts
+  int num_marks;
 #endif
 };
+
+#define PROFILE_MARKS 256
 
 static bool uses_cuda(const Config *cfg) {
   return strcmp(cfg->device, "cuda") == 0 ||
@@ -56,20 +65,55 @@ int dist_select_device(Comm *c, const Config *cfg, Error *err) {
 #endif
 }
 
+#ifdef SWIN_HAVE_NCCL
+// Adds up the timed pairs on the communication stream, after a bounded wait for the last one.
+static int collect_marks(GradReducer *r, Error *err) {
+  if (r->num_marks == 0) return 0;
+  if (nccl_wait_event(r->nccl, r->marks[2 * r->num_marks - 1], err) != 0) return -1;
+  for (int i = 0; i < r->num_marks; i++) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, r->marks[2 * i], r->marks[2 * i + 1]));
+    r->profiled_ms += ms;
+  }
+  r->num_marks = 0;
+  return 0;
+}
+
+// Queues bucket k's all-reduce on the communication stream behind the ready event; when
+// profiling, between two timing events: the first completes when the stream takes up the bucket
+// (backward has written it and the bucket before it is reduced), the second when its kernels
+// (with bf16, the conversions too) have run.
+static int reduce_bucket_nccl(GradReducer *r, int k, float *data, int64_t count) {
+  Backend *be = r->model->be;
+  be->ops->record_event(be, r->ready[k]);
+  CUDA_CHECK(cudaStreamWaitEvent(r->stream, r->ready[k], 0));
+  if (r->skip) return 0;
+  cudaEvent_t *mark = NULL;
+  if (r->profiling) {
+    if (r->num_marks == PROFILE_MARKS && collect_marks(r, &r->err) != 0) return -1;
+    mark = &r->marks[2 * r->num_marks++];
+    CUDA_CHECK(cudaEventRecord(mark[0], r->stream));
+  }
+  int rc = nccl_allreduce(r->nccl, data, count, COMM_AVG, r->dtype, r->stream, &r->err);
+  if (mark) CUDA_CHECK(cudaEventRecord(mark[1], r->stream));
+  return rc;
+}
+#endif
+
 // Averages bucket k over every rank: at once on the CPU; on the GPU, queued on the communication
-// stream behind an event that marks the end of the compute stream's work so far.
+// stream behind an event that marks the end of the compute stream's work so far. With skip, the
+// same ordering without the reduction.
 static int reduce_bucket(GradReducer *r, int k) {
   const GradBucket *b = &r->buckets[k];
   float *data = r->model->grads + b->offset;
 #ifdef SWIN_HAVE_NCCL
-  if (r->nccl) {
-    Backend *be = r->model->be;
-    be->ops->record_event(be, r->ready[k]);
-    return nccl_allreduce_after(r->nccl, r->ready[k], data, b->count, COMM_AVG, r->dtype, r->stream,
-                                &r->err);
-  }
+  if (r->nccl) return reduce_bucket_nccl(r, k, data, b->count);
 #endif
-  return comm_allreduce_floats(r->comm, data, b->count, COMM_AVG, &r->err);
+  if (r->skip) return 0;
+  double start = r->profiling ? time_now_s() : 0;
+  int rc = comm_allreduce_floats(r->comm, data, b->count, COMM_AVG, &r->err);
+  if (r->profiling) r->profiled_ms += 1e3 * (time_now_s() - start);
+  return rc;
 }
 
 // Model.grads_ready: every bucket lying wholly at or above lowest is final; reduce those not yet
@@ -151,8 +195,10 @@ void grad_reducer_destroy(GradReducer *r) {
   for (int k = 0; r->ready && k < r->num_buckets; k++) cudaEventDestroy(r->ready[k]);
   for (int k = 0; k < 2; k++)
     if (r->reduced[k]) cudaEventDestroy(r->reduced[k]);
+  for (int i = 0; r->marks && i < 2 * PROFILE_MARKS; i++) cudaEventDestroy(r->marks[i]);
   if (r->stream) cudaStreamDestroy(r->stream);
   free(r->ready);
+  free(r->marks);
 #endif
   free(r->buckets);
   free(r);
@@ -198,5 +244,29 @@ int grad_reducer_sync_previous(GradReducer *r, Error *err) {
 #endif
   (void)r;
   (void)err;
+  return 0;
+}
+
+void grad_reducer_skip_reduction(GradReducer *r, bool skip) {
+  r->skip = skip;
+}
+
+void grad_reducer_profile(GradReducer *r, bool on) {
+#ifdef SWIN_HAVE_NCCL
+  if (on && r->nccl && !r->marks) {
+    r->marks = calloc_check(2 * PROFILE_MARKS, sizeof(cudaEvent_t));
+    for (int i = 0; i < 2 * PROFILE_MARKS; i++) CUDA_CHECK(cudaEventCreate(&r->marks[i]));
+  }
+#endif
+  r->profiling = on;
+}
+
+int grad_reducer_profile_report(GradReducer *r, double *ms, Error *err) {
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl && collect_marks(r, err) != 0) return -1;
+#endif
+  (void)err;
+  *ms = r->profiled_ms;
+  r->profiled_ms = 0;
   return 0;
 }

@@ -16,6 +16,7 @@
 // rank the same result), so the optimizer takes the same decision everywhere and the weights stay
 // identical across ranks.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dist/comm.h"
@@ -53,6 +54,24 @@ int grad_reducer_finish_step(GradReducer *r, Error *err);
 // return at once on the CPU.
 int grad_reducer_sync(GradReducer *r, Error *err);
 int grad_reducer_sync_previous(GradReducer *r, Error *err);
+
+// ---- for the benchmark (src/bench.c), which measures what the reduction costs a step ----
+// While skip is on, the buckets are not reduced (no NCCL or MPI call) and everything else stays
+// as it is: the events on the compute stream, the communication stream's waits for them, the
+// compute stream's wait before the optimizer, the host waits. So a step with skip on is the
+// same step without its reduction, and the difference of the two step times is the time the
+// reduction adds to the step. Each rank keeps its own gradients meanwhile (the ranks' weights
+// drift apart): for timing only, never for training.
+void grad_reducer_skip_reduction(GradReducer *r, bool skip);
+// While on, every bucket's reduction is timed. On the GPU, by a pair of timing events on the
+// communication stream around its all-reduce: from when the stream takes the bucket up (its
+// backward part done, the bucket before it reduced) to the end of its kernels (with bf16, the
+// conversions included); that includes a wait for SMs held by backward's kernels. On the CPU, by
+// the host clock around the MPI call, which includes the wait for the other ranks to arrive.
+void grad_reducer_profile(GradReducer *r, bool on);
+// The milliseconds of the reductions timed since the last report, which it clears; waits (bounded
+// like grad_reducer_sync) for the timed reductions to have run.
+int grad_reducer_profile_report(GradReducer *r, double *ms, Error *err);
 
 #ifdef __cplusplus
 }

@@ -5,8 +5,10 @@
 # short table last; full logs go to $OUT (or /tmp/gpu_perf).
 # Carry .deps (stb headers in .deps/stb; Fashion-MNIST's four .gz files in .deps/fashion-mnist,
 # which the dataset tests read from /usr/share/datasets/fashion-mnist).
-# Usage (repo root): bash scripts/gpu_perf.sh [bench] [profile] [tests] [pytorch] [base] [detail]
-#   (no argument: bench profile tests); detail: Nsight Compute's full sections for the kernels
+# Usage (repo root): bash scripts/gpu_perf.sh [bench] [dist] [profile] [tests] [pytorch] [base]
+#   [detail] (no argument: bench profile tests); dist: the benchmark of Swin-T's data-parallel step
+#   (the all-reduce rows) under mpirun -np 1 (NCCL on one GPU), and with two GPUs -np 2 (128 images
+#   per GPU); detail: Nsight Compute's full sections for the kernels
 #   matching NCU_KERNELS (a regex; NCU_SKIP launches skipped, NCU_COUNT profiled) of Swin-T's step.
 #   TESTS: a ctest -R regex to run only some gpu tests.
 set -uo pipefail
@@ -33,6 +35,14 @@ if has bench; then
   step bench_tiny 120 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}"
   has base && step bench_base 180 build-gpu/swin_train configs/swin_base.ini "${bench_args[@]}"
 fi
+if has dist; then
+  mpirun_args=(mpirun --allow-run-as-root --bind-to none)
+  step bench_dist1 180 "${mpirun_args[@]}" -np 1 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}"
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    step bench_dist2 180 "${mpirun_args[@]}" -np 2 build-gpu/swin_train configs/swin_tiny.ini \
+      bench=1 device=cuda precision=bf16 train.batch_size=256
+  fi
+fi
 if has profile; then
   PROFILE_CSV=$out/ncu_tiny.csv PROFILE_SEQ=$out/ncu_tiny_step.txt step profile_tiny 300 bash scripts/profile_step.sh build-gpu \
     configs/swin_tiny.ini precision=bf16 train.batch_size=128
@@ -55,7 +65,7 @@ fi
 
 echo "== gpu_perf"
 for f in "$out"/bench_*.log; do
-  [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -A16 '^bench:' "$f" | grep -v '^{'; }
+  [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -A22 '^bench:' "$f" | grep -v '^{'; }
 done
 [ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
 [ -f "$out/ctest.log" ] && grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$out/ctest.log"

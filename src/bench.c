@@ -5,6 +5,17 @@
 // model_train_flops; the backend memory, all of it taken before the first step; host waits per step
 // inside a round; and a profiled round giving the GPU time per op family. Writes nothing; prints a
 // table and one JSON line.
+//
+// Under a launcher (mpirun -np N, srun; also -np 1) a step is the trainer's data-parallel step:
+// this rank's share of train.batch_size (the global batch), its gradients averaged over the ranks
+// by the trainer's GradReducer while backward runs. Each timed round then has a twin beside it
+// (after it, or before it every other round) with the reduction skipped and nothing else changed
+// (grad_reducer_skip_reduction): the difference of their medians is how much the reduction
+// lengthens the step ("exposed"). The profiled round also times the reduction itself, on the
+// communication stream on the GPU (the host clock around MPI on the CPU); what of it did not
+// lengthen the step was hidden behind backward. Every time is the slowest rank's (the maximum
+// over the ranks, so rank 0, which prints, reports the slowest), and img/s counts the images of
+// every rank.
 #include "src/bench.h"
 
 #include <math.h>
@@ -12,12 +23,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/reducer.h"
 #include "src/backend.h"
 #include "src/learner.h"
 #include "src/model.h"
 #include "src/rng.h"
+#include "src/train.h"
 
 #define BENCH_ROUND 10
+
+typedef struct {
+  const Config *cfg;
+  Comm *comm;
+  GradReducer *reducer;  // averages the gradients over the ranks; NULL without a launcher
+  Backend be;
+  Model m;
+  Optimizer opt;
+  Normalize norm;     // per input channel
+  uint8_t *pixels;    // (B, H, W, Cin) backend memory, random, resident for every step
+  int *labels;        // (B)
+  int B;              // this rank's share of train.batch_size
+  int64_t step;       // steps queued so far
+  bool wait_reduced;  // the host waits for each step's reduction before its update (profiling)
+} Bench;
+
+// What the rounds measured, each time the slowest rank's.
+typedef struct {
+  double ms_step, best;                  // median and best round, ms per step
+  double ms_unreduced;                   // median round with the reduction skipped (launcher)
+  double waits_per_step;                 // host waits per step inside the timed rounds
+  double family[OP_FAMILIES], profiled;  // the profiled round: GPU ms per step per op family
+  double reduce_ms;                      // the profiled round: the reduction's ms per step
+  double gib;                            // backend memory
+  double loss;                           // mean training loss over every step and rank
+  OptimState after;                      // rank 0's optimizer state after the last step
+} BenchResult;
 
 // Dense peak rates for the MFU, per device and precision (NVIDIA's H100/H200 SXM datasheet: bf16
 // and fp16 989 TFLOP/s with fp32 accumulation, fp32 67 TFLOP/s without TF32). The CPU has none.
@@ -31,114 +71,317 @@ static int compare_doubles(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-int bench_run(const Config *cfg, Error *err) {
-  Backend be;
-  Model m = {0};
-  Optimizer opt = {0};
-  int rc = -1;
-  uint8_t *pixels = NULL;
-  int *labels = NULL;
-  if (backend_create(&be, cfg->device, cfg->precision, err) != 0) return -1;
-  char desc[256];
-  backend_describe(&be, desc, sizeof desc);
-  int B = cfg->batch_size;
-  if (model_create(&m, cfg, &be, B, err) != 0) goto done;
-  model_init_weights(&m, cfg->seed);
-  model_weights_to_backend(&m);
-  optimizer_create(&opt, &m, cfg);
-  OptimState state = {.loss_scale = be.act == DTYPE_F16 ? cfg->loss_scale : 1.0f};
-  be.ops->upload(&be, opt.state, &state, sizeof state);
+// ---------------------------------------------------------------------------------------------
+// Setup: the trainer's device choice, batch share and reducer; one resident random batch.
 
-  // One batch of random pixels and labels, resident for every step.
-  size_t pixel_bytes = (size_t)B * cfg->img_h * cfg->img_w * cfg->in_chans;
+// This rank's batch of random pixels and labels, in backend memory (each rank its own images).
+static void upload_batch(Bench *b) {
+  const Config *cfg = b->cfg;
+  Backend *be = &b->be;
+  size_t pixel_bytes = (size_t)b->B * cfg->img_h * cfg->img_w * cfg->in_chans;
   uint8_t *host_pixels = malloc_check(pixel_bytes);
-  int *host_labels = malloc_check(sizeof(int) * (size_t)B);
-  Rng r = rng_make(cfg->seed, RNG_STREAM_AUGMENT, UINT32_MAX, UINT32_MAX);
+  int *host_labels = malloc_check(sizeof(int) * (size_t)b->B);
+  Rng r = rng_make(cfg->seed, RNG_STREAM_AUGMENT, UINT32_MAX, UINT32_MAX - (uint32_t)b->comm->rank);
   for (size_t i = 0; i < pixel_bytes; i++) host_pixels[i] = (uint8_t)rng_u32(&r);
-  for (int b = 0; b < B; b++) host_labels[b] = (int)rng_below(&r, (uint32_t)cfg->num_classes);
-  pixels = be.ops->alloc(&be, pixel_bytes);
-  labels = be.ops->alloc(&be, sizeof(int) * (size_t)B);
-  be.ops->upload(&be, pixels, host_pixels, pixel_bytes);
-  be.ops->upload(&be, labels, host_labels, sizeof(int) * (size_t)B);
+  for (int i = 0; i < b->B; i++) host_labels[i] = (int)rng_below(&r, (uint32_t)cfg->num_classes);
+  b->pixels = be->ops->alloc(be, pixel_bytes);
+  b->labels = be->ops->alloc(be, sizeof(int) * (size_t)b->B);
+  be->ops->upload(be, b->pixels, host_pixels, pixel_bytes);
+  be->ops->upload(be, b->labels, host_labels, sizeof(int) * (size_t)b->B);
   free(host_pixels);
   free(host_labels);
-  Normalize norm = {{0}, {0}};
+}
+
+static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
+  memset(b, 0, sizeof *b);
+  b->cfg = cfg;
+  b->comm = comm;
+  // The trainer's share of the global batch, and its refusal of a batch that does not divide.
+  LoaderOptions share;
+  if (train_loader_options(cfg, comm, true, &share, err) != 0) return -1;
+  b->B = share.batch_size;
+  if (dist_select_device(comm, cfg, err) != 0) return -1;
+  Backend *be = &b->be;
+  if (backend_create(be, cfg->device, cfg->precision, err) != 0) return -1;
+  if (comm->mpi && train_check_same_device(comm, be, err) != 0) return -1;
+  if (model_create(&b->m, cfg, be, b->B, err) != 0) return -1;
+  model_init_weights(&b->m, cfg->seed);
+  model_weights_to_backend(&b->m);
+  optimizer_create(&b->opt, &b->m, cfg);
+  OptimState state = {.loss_scale = be->act == DTYPE_F16 ? cfg->loss_scale : 1.0f};
+  be->ops->upload(be, b->opt.state, &state, sizeof state);
+  upload_batch(b);
   for (int c = 0; c < cfg->in_chans; c++) {
-    norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
-    norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
+    b->norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
+    b->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
   }
+  if (comm->mpi && grad_reducer_create(&b->reducer, comm, &b->m, cfg, err) != 0) return -1;
+  return 0;
+}
 
-  const StepBatch batch = {.images = pixels, .images_dtype = DTYPE_U8, .labels = labels};
-  int64_t step = 0;
-  for (int i = 0; i < cfg->bench_warmup; i++, step++)
-    learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
-  be.ops->synchronize(&be);
+static void bench_teardown(Bench *b) {
+  Backend *be = &b->be;
+  grad_reducer_destroy(b->reducer);
+  if (be->ops) {
+    be->ops->release(be, b->pixels);
+    be->ops->release(be, b->labels);
+    if (b->opt.state) optimizer_destroy(&b->opt, be);
+  }
+  if (b->m.params) model_destroy(&b->m);
+  backend_destroy(be);
+}
 
-  // Rounds of 10 steps, or one round_steps of bench.steps when fewer (a profiler's short run).
+// ---------------------------------------------------------------------------------------------
+// Steps and rounds
+
+// One step, the trainer's (src/train.c) on the resident batch: backward of this rank's share
+// (drop path keyed by the global index of its first image), the end of the reduction, the update;
+// then, as the trainer does, a bounded host wait for the reductions of the step before the last,
+// so the host never runs unboundedly ahead of work that depends on another rank.
+static int bench_step(Bench *b, Error *err) {
+  const StepBatch batch = {.images = b->pixels, .images_dtype = DTYPE_U8, .labels = b->labels};
+  int64_t first_sample = (int64_t)b->comm->rank * b->B;
+  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, b->step, first_sample);
+  if (b->reducer) {
+    if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
+    if (b->wait_reduced && grad_reducer_sync(b->reducer, err) != 0) return -1;
+  }
+  learner_update(&b->m, &b->opt, b->cfg, b->cfg->lr);
+  if (b->reducer && grad_reducer_sync_previous(b->reducer, err) != 0) return -1;
+  b->step++;
+  return 0;
+}
+
+// Waits for every queued step: the reductions first, bounded by dist.timeout_s (the compute
+// queue waits for them), then the compute queue.
+static int bench_wait(Bench *b, Error *err) {
+  if (b->reducer && grad_reducer_sync(b->reducer, err) != 0) return -1;
+  b->be.ops->synchronize(&b->be);
+  return 0;
+}
+
+// A timed round of `steps` steps, started by every rank together (the device idle); *ms: this
+// rank's wall time per step to the end of its work; *waits counts the host waits inside it.
+static int timed_round(Bench *b, int steps, double *ms, int64_t *waits, Error *err) {
+  if (comm_barrier(b->comm, err) != 0) return -1;
+  int64_t waits0 = b->be.host_waits;
+  double t0 = time_now_s();
+  for (int i = 0; i < steps; i++)
+    if (bench_step(b, err) != 0) return -1;
+  *waits += b->be.host_waits - waits0;
+  if (bench_wait(b, err) != 0) return -1;
+  *ms = 1e3 * (time_now_s() - t0) / steps;
+  return 0;
+}
+
+// A profiled round: the GPU time per op family (events around each op on the compute stream: a
+// little slower) and the reduction's time, in ms per step. Here the host waits (bounded) for each
+// step's reduction before queuing its update: the backend's profiler waits for the compute queue
+// when its pool of events fills, and that wait must not depend on another rank. GPU times do not
+// see the host's pauses, and the reductions overlap backward as in any step.
+static int profiled_round(Bench *b, int steps, BenchResult *r, Error *err) {
+  Backend *be = &b->be;
+  be->ops->profile(be, true);
+  if (b->reducer) grad_reducer_profile(b->reducer, true);
+  b->wait_reduced = true;
+  for (int i = 0; i < steps; i++)
+    if (bench_step(b, err) != 0) return -1;
+  b->wait_reduced = false;
+  r->reduce_ms = 0;
+  if (b->reducer) {
+    grad_reducer_profile(b->reducer, false);
+    if (grad_reducer_profile_report(b->reducer, &r->reduce_ms, err) != 0) return -1;
+  }
+  if (bench_wait(b, err) != 0) return -1;
+  be->ops->profile_report(be, r->family);
+  be->ops->profile(be, false);
+  r->reduce_ms /= steps;
+  for (int f = 0; f < OP_FAMILIES; f++) r->family[f] /= steps;
+  return 0;
+}
+
+// The slowest rank's time of each round (in place), then their median and best.
+static int slowest_median(Comm *c, double *ms, int rounds, double *median, double *best,
+                          Error *err) {
+  if (comm_allreduce_doubles(c, ms, rounds, COMM_MAX, err) != 0) return -1;
+  qsort(ms, (size_t)rounds, sizeof(double), compare_doubles);
+  *median = ms[rounds / 2];
+  if (best) *best = ms[0];
+  return 0;
+}
+
+// Warm-up, the timed rounds (each with its twin without the reduction under a launcher) and the
+// profiled round; every number is the slowest rank's.
+static int bench_measure(Bench *b, BenchResult *r, Error *err) {
+  const Config *cfg = b->cfg;
+  Backend *be = &b->be;
+  memset(r, 0, sizeof *r);
+  for (int i = 0; i < cfg->bench_warmup; i++)
+    if (bench_step(b, err) != 0) return -1;
+  if (bench_wait(b, err) != 0) return -1;
+
+  // Rounds of 10 steps, or one round of bench.steps when fewer (a profiler's short run).
   int round_steps = cfg->bench_steps < BENCH_ROUND ? cfg->bench_steps : BENCH_ROUND;
   int rounds = (cfg->bench_steps + round_steps - 1) / round_steps;
-  double *ms = malloc_check(sizeof(double) * (size_t)rounds);
-  int64_t waits = 0;
+  double *ms = calloc_check((size_t)rounds, sizeof(double));
+  double *unreduced = calloc_check((size_t)rounds, sizeof(double));
+  int64_t waits = 0, ignored = 0;
+  int rc = -1;
   for (int k = 0; k < rounds; k++) {
-    int64_t waits0 = be.host_waits;
-    double t0 = time_now_s();
-    for (int i = 0; i < round_steps; i++, step++)
-      learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
-    waits += be.host_waits - waits0;
-    be.ops->synchronize(&be);
-    ms[k] = 1e3 * (time_now_s() - t0) / round_steps;
+    // The twin without the reduction goes after its round, or before it every other time, so a
+    // drift of the machine's speed (clocks, temperature) weighs on both sides alike.
+    bool twin_first = b->reducer && k % 2 == 1;
+    for (int side = 0; side < (b->reducer ? 2 : 1); side++) {
+      bool twin = (side == 0) == twin_first;
+      if (twin) grad_reducer_skip_reduction(b->reducer, true);
+      int failed = twin ? timed_round(b, round_steps, &unreduced[k], &ignored, err)
+                        : timed_round(b, round_steps, &ms[k], &waits, err);
+      if (twin) grad_reducer_skip_reduction(b->reducer, false);
+      if (failed) goto done;
+    }
   }
-  qsort(ms, (size_t)rounds, sizeof(double), compare_doubles);
-  double ms_step = ms[rounds / 2], best = ms[0];
+  if (slowest_median(b->comm, ms, rounds, &r->ms_step, &r->best, err) != 0) goto done;
+  if (b->reducer && slowest_median(b->comm, unreduced, rounds, &r->ms_unreduced, NULL, err) != 0)
+    goto done;
+  if (profiled_round(b, round_steps, r, err) != 0) goto done;
+
+  be->ops->download(be, &r->after, b->opt.state, sizeof r->after);
+  double worst[OP_FAMILIES + 3], sums[2] = {r->after.loss_sum, (double)r->after.loss_steps};
+  memcpy(worst, r->family, sizeof r->family);
+  worst[OP_FAMILIES] = r->reduce_ms;
+  worst[OP_FAMILIES + 1] = (double)waits / (rounds * round_steps);
+  worst[OP_FAMILIES + 2] = (double)be->bytes_in_use / (1 << 30);
+  if (comm_allreduce_doubles(b->comm, worst, OP_FAMILIES + 3, COMM_MAX, err) != 0 ||
+      comm_allreduce_doubles(b->comm, sums, 2, COMM_SUM, err) != 0)
+    goto done;
+  memcpy(r->family, worst, sizeof r->family);
+  r->profiled = 0;  // the sum of the slowest ranks' families, so the shares add up to 100%
+  for (int f = 0; f < OP_FAMILIES; f++) r->profiled += r->family[f];
+  r->reduce_ms = worst[OP_FAMILIES];
+  r->waits_per_step = worst[OP_FAMILIES + 1];
+  r->gib = worst[OP_FAMILIES + 2];
+  r->loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+  rc = 0;
+done:
   free(ms);
+  free(unreduced);
+  return rc;
+}
 
-  // A profiled round: GPU time per op family (events around each op: a little slower).
-  double family[OP_FAMILIES] = {0}, profiled = 0;
-  be.ops->profile(&be, true);
-  for (int i = 0; i < round_steps; i++, step++)
-    learner_step(&m, &opt, cfg, norm, &batch, B, step, cfg->lr);
-  be.ops->profile_report(&be, family);
-  be.ops->profile(&be, false);
-  for (int f = 0; f < OP_FAMILIES; f++) profiled += family[f] / round_steps;
+// ---------------------------------------------------------------------------------------------
+// The table and the JSON line (rank 0's stdout)
 
-  OptimState after;
-  be.ops->download(&be, &after, opt.state, sizeof after);
-  double flops = model_train_flops(&m, B), peak = peak_flops(&be);
-  double img_s = B * 1e3 / ms_step, tflops = flops / (ms_step * 1e-3) / 1e12;
-  double gib = (double)be.bytes_in_use / (1 << 30);
-  printf("bench: %s, batch %d, %lld parameters\n", desc, B, (long long)m.num_values);
-  printf("  %-34s %10.1f\n", "img/s (median round)", img_s);
-  printf("  %-34s %10.2f   (best round %.2f)\n", "ms/step", ms_step, best);
-  printf("  %-34s %10.1f   (%.2f GFLOP/step: matrix products)\n", "TFLOP/s", tflops, flops / 1e9);
+static const char *reduce_transport(const Bench *b) {
+  return b->be.device == DEVICE_CUDA ? b->cfg->reduce_dtype : "fp32, MPI";
+}
+
+// The reduction's rows: its time in the profiled round, how much it lengthened the step (the
+// median with it minus the median without), and the rest, hidden behind backward.
+static void print_allreduce(const Bench *b, const BenchResult *r) {
+  bool gpu = b->be.device == DEVICE_CUDA;
+  double exposed = r->ms_step - r->ms_unreduced, hidden = r->reduce_ms - exposed;
+  double base = gpu ? r->profiled : r->ms_step;  // the share column: of the compute / the step
+  int buckets = grad_reducer_num_buckets(b->reducer);
+  if (!gpu) printf("  gradient all-reduce (profiled round, host clock):\n");
+  printf("    %-24s %8.3f ms  %5.1f%%   (%d bucket%s a step, %s; %s)\n",
+         gpu ? "all-reduce (comm stream)" : "all-reduce (MPI)", r->reduce_ms,
+         base > 0 ? 100 * r->reduce_ms / base : 0.0, buckets, buckets > 1 ? "s" : "",
+         reduce_transport(b),
+         gpu ? "beside the compute stream, not in its sum" : "blocking; % of the step");
+  char share_exposed[16] = "    -", share_hidden[16] = "    -";
+  if (r->reduce_ms > 0) {
+    snprintf(share_exposed, sizeof share_exposed, "%5.1f%%", 100 * exposed / r->reduce_ms);
+    snprintf(share_hidden, sizeof share_hidden, "%5.1f%%", 100 * hidden / r->reduce_ms);
+  }
+  printf(
+      "    %-24s %8.3f ms  %s   (of the all-reduce: a step takes %.2f ms with it, %.2f "
+      "without)\n",
+      "all-reduce exposed", exposed, share_exposed, r->ms_step, r->ms_unreduced);
+  printf("    %-24s %8.3f ms  %s   (of the all-reduce: behind backward%s)\n", "all-reduce hidden",
+         hidden, share_hidden, b->comm->world > 1 ? " or a slower rank's step" : "");
+}
+
+static void print_table(const Bench *b, const BenchResult *r) {
+  const Config *cfg = b->cfg;
+  const Backend *be = &b->be;
+  int world = b->comm->world;
+  char desc[256];
+  backend_describe(be, desc, sizeof desc);
+  double flops = model_train_flops(&b->m, b->B), peak = peak_flops(be);
+  double img_s = cfg->batch_size * 1e3 / r->ms_step, tflops = flops / (r->ms_step * 1e-3) / 1e12;
+  if (b->reducer) {
+    printf("bench: %s, batch %d (%d process%s x %d), %lld parameters\n", desc, cfg->batch_size,
+           world, world > 1 ? "es" : "", b->B, (long long)b->m.num_values);
+    printf(
+        "  data parallel: %d process%s (launched via %s), gradients averaged in %d bucket%s "
+        "of up to %g MiB (%s)\n",
+        world, world > 1 ? "es" : "", b->comm->launcher, grad_reducer_num_buckets(b->reducer),
+        grad_reducer_num_buckets(b->reducer) > 1 ? "s" : "", (double)cfg->bucket_mb,
+        reduce_transport(b));
+    printf("  %-34s %10.1f   (the images of all %d process%s)\n", "img/s (median round)", img_s,
+           world, world > 1 ? "es" : "");
+  } else {
+    printf("bench: %s, batch %d, %lld parameters\n", desc, cfg->batch_size,
+           (long long)b->m.num_values);
+    printf("  %-34s %10.1f\n", "img/s (median round)", img_s);
+  }
+  printf("  %-34s %10.2f   (best round %.2f)\n", "ms/step", r->ms_step, r->best);
+  printf("  %-34s %10.1f   (%.2f GFLOP/step%s: matrix products)\n", "TFLOP/s", tflops, flops / 1e9,
+         b->reducer ? " per process" : "");
   if (peak > 0)
     printf("  %-34s %9.1f%%   (of %.0f TFLOP/s dense peak)\n", "MFU", 100 * tflops * 1e12 / peak,
            peak / 1e12);
-  printf("  %-34s %10.2f   (all taken before the first step)\n", "device memory (GiB)", gib);
-  printf("  %-34s %10.2f\n", "host waits per step", (double)waits / (rounds * round_steps));
-  printf("  %-34s %10.4f   (loss scale %g, %lld skipped)\n", "last loss",
-         after.loss_steps ? after.loss_sum / after.loss_steps : NAN, (double)after.loss_scale,
-         (long long)after.skipped);
-  if (profiled > 0) {
-    printf("  GPU time per op family (profiled round, %.2f ms/step):\n", profiled);
+  printf("  %-34s %10.2f   (all taken before the first step)\n", "device memory (GiB)", r->gib);
+  printf("  %-34s %10.2f\n", "host waits per step", r->waits_per_step);
+  printf("  %-34s %10.4f   (loss scale %g, %lld skipped)\n", "last loss", r->loss,
+         (double)r->after.loss_scale, (long long)r->after.skipped);
+  if (r->profiled > 0) {
+    printf("  GPU time per op family (profiled round, %.2f ms/step):\n", r->profiled);
     for (int f = 0; f < OP_FAMILIES; f++)
-      printf("    %-24s %8.3f ms  %5.1f%%\n", op_family_name((OpFamily)f), family[f] / round_steps,
-             100 * family[f] / round_steps / profiled);
+      printf("    %-24s %8.3f ms  %5.1f%%\n", op_family_name((OpFamily)f), r->family[f],
+             100 * r->family[f] / r->profiled);
     printf("    %-24s %8s     %5s   (folded into LayerNorm)\n", "window permutations", "-", "-");
   }
+  if (b->reducer) print_allreduce(b, r);
+}
+
+static void print_json(const Bench *b, const BenchResult *r) {
+  const Config *cfg = b->cfg;
+  const Backend *be = &b->be;
+  double flops = model_train_flops(&b->m, b->B), peak = peak_flops(be);
+  double img_s = cfg->batch_size * 1e3 / r->ms_step, tflops = flops / (r->ms_step * 1e-3) / 1e12;
   printf(
       "{\"bench\": \"swin.c\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %d, "
-      "\"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
+      "\"world\": %d, \"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
       "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f",
-      be.ops->name, cfg->precision, B, img_s, ms_step, tflops,
-      peak > 0 ? tflops * 1e12 / peak : 0.0, gib, (double)waits / (rounds * round_steps));
-  for (int f = 0; f < OP_FAMILIES; f++) printf(", \"ms_%d\": %.4f", f, family[f] / round_steps);
+      be->ops->name, cfg->precision, cfg->batch_size, b->comm->world, img_s, r->ms_step, tflops,
+      peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step);
+  if (b->reducer) {
+    double exposed = r->ms_step - r->ms_unreduced;
+    printf(
+        ", \"batch_per_rank\": %d, \"buckets\": %d, \"reduce_dtype\": \"%s\", "
+        "\"ms_per_step_unreduced\": %.3f, \"allreduce_ms\": %.4f, \"allreduce_exposed_ms\": "
+        "%.4f, \"allreduce_hidden_ms\": %.4f",
+        b->B, grad_reducer_num_buckets(b->reducer),
+        be->device == DEVICE_CUDA ? cfg->reduce_dtype : "fp32", r->ms_unreduced, r->reduce_ms,
+        exposed, r->reduce_ms - exposed);
+  }
+  for (int f = 0; f < OP_FAMILIES; f++) printf(", \"ms_%d\": %.4f", f, r->family[f]);
   printf("}\n");
+}
+
+int bench_run(const Config *cfg, Comm *comm, Error *err) {
+  Bench b;
+  BenchResult r;
+  int rc = -1;
+  if (bench_setup(&b, cfg, comm, err) != 0 || bench_measure(&b, &r, err) != 0) goto done;
+  print_table(&b, &r);
+  print_json(&b, &r);
   rc = 0;
 done:
-  if (pixels) be.ops->release(&be, pixels);
-  if (labels) be.ops->release(&be, labels);
-  if (opt.state) optimizer_destroy(&opt, &be);
-  if (m.params) model_destroy(&m);
-  backend_destroy(&be);
+  // A failing rank of a job leaves its memory to the process's end, as the trainer does: main()
+  // ends the whole job at once, and freeing device memory could wait for a peer.
+  if (rc != 0 && comm->mpi) return rc;
+  bench_teardown(&b);
   return rc;
 }

@@ -93,8 +93,8 @@ int main(int argc, char **argv) {
     model_destroy(&m);
     return finish(&comm, 0);
   }
-  if (cfg.bench) {  // one process: the benchmark measures one device
-    if (bench_run(&cfg, &err) != 0) fail(&comm, &err);
+  if (cfg.bench) {  // alone: one device; under a launcher: the data-parallel step
+    if (bench_run(&cfg, &comm, &err) != 0) fail(&comm, &err);
     return finish(&comm, 0);
   }
   train_install_signal_handlers();

@@ -388,16 +388,14 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
   }
 }
 
-// Every rank trains on the same kind of device: the reductions of the CPU (MPI) and of the GPU
-// (NCCL) do not mix.
-static int check_same_device(Trainer *t, Error *err) {
-  double cuda = t->be.device == DEVICE_CUDA, v[2] = {cuda, -cuda};
-  if (comm_allreduce_doubles(t->comm, v, 2, COMM_MAX, err) != 0) return -1;
+int train_check_same_device(Comm *comm, const Backend *be, Error *err) {
+  double cuda = be->device == DEVICE_CUDA, v[2] = {cuda, -cuda};
+  if (comm_allreduce_doubles(comm, v, 2, COMM_MAX, err) != 0) return -1;
   if (v[0] == -v[1]) return 0;
   return error_set(err,
                    "rank %d trains on the %s, but another rank of the job on the %s\n"
                    "HINT: set device=cuda (one GPU per process) or device=cpu for the whole job",
-                   t->comm->rank, cuda ? "GPU" : "CPU", cuda ? "CPU" : "GPU");
+                   comm->rank, cuda ? "GPU" : "CPU", cuda ? "CPU" : "GPU");
 }
 
 // Every rank starts from rank 0's weights, AdamW moments and training state: rank 0 alone
@@ -464,7 +462,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
     return -1;
   if (dist_select_device(comm, cfg, err) != 0) return -1;
   if (backend_create(&t->be, cfg->device, cfg->precision, err) != 0) return -1;
-  if (comm->mpi && check_same_device(t, err) != 0) return -1;
+  if (comm->mpi && train_check_same_device(comm, &t->be, err) != 0) return -1;
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");

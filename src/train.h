@@ -34,3 +34,7 @@ void train_install_signal_handlers(void);
 // are comm's. Fails, naming the keys and values, when train.batch_size does not divide by world.
 int train_loader_options(const Config *cfg, const Comm *comm, bool train, LoaderOptions *opt,
                          Error *err);
+
+// Fails on every rank when the ranks of a job are not all on the same kind of device (be's): the
+// reductions of the CPU (MPI) and of the GPU (NCCL) do not mix. Collective over every rank.
+int train_check_same_device(Comm *comm, const Backend *be, Error *err);

@@ -11,7 +11,10 @@
 //   - a 2-process run resumed from its checkpoint ends bit-identical to the straight run; one
 //     process resumes it too (another world size continues the same run, within tolerance);
 //   - SIGTERM to every rank, to one rank, or SIGUSR1 to mpirun: one checkpoint, exit 0;
-//   - configs/fashion_mnist.ini runs under mpirun -np 2.
+//   - configs/fashion_mnist.ini runs under mpirun -np 2;
+//   - its benchmark (bench=1) under mpirun -np 2 measures the data-parallel step: the all-reduce
+//     rows, a JSON line with world 2, global img/s; alone it is the one-process benchmark; a
+//     batch that does not divide is refused as the trainer refuses it.
 //
 //   test_dist_train            the checks above (ctest); it starts the jobs itself
 //   test_dist_train --shards   (under mpirun) every rank loads its shares; rank 0 checks them
@@ -464,6 +467,78 @@ static void test_default_config(void) {
   free(text);
 }
 
+// The line of the bench's JSON in text, or NULL.
+static const char *bench_json(const char *text) {
+  return strstr(text, "{\"bench\": \"swin.c\"");
+}
+
+// bench=1 under mpirun -np 2 on the CPU: every step the trainer's data-parallel step, rank 0
+// printing the table with the all-reduce rows and one JSON line; alone, no all-reduce at all.
+static void test_bench(void) {
+  char log[600];
+  snprintf(log, sizeof log, "%s/bench.log", tmp_root);
+  double took;
+  const char *config = SWIN_SOURCE_DIR "/configs/fashion_mnist.ini";
+  int rc = job_run(2, "./swin_train", log, &took, config, "bench=1", "device=cpu", "bench.steps=2",
+                   "bench.warmup=1", "threads=1", "train.batch_size=32", (const char *)NULL);
+  char *text = job_log(log);
+  test_check(rc == 0 && job_count(text, "bench: cpu") == 1 &&
+                 strstr(text, "batch 32 (2 processes x 16)") &&
+                 strstr(text, "data parallel: 2 processes") &&
+                 job_count(text, "    all-reduce (MPI) ") == 1 &&
+                 job_count(text, "    all-reduce exposed ") == 1 &&
+                 job_count(text, "    all-reduce hidden ") == 1,
+             "mpirun -np 2 swin_train configs/fashion_mnist.ini bench=1 device=cpu: exit %d in "
+             "%.1f s, rank 0 alone prints the table, with the all-reduce rows",
+             rc, took);
+  const char *json = bench_json(text);
+  double world = job_json_number(json, "world"), share = job_json_number(json, "batch_per_rank");
+  double ms = job_json_number(json, "ms_per_step"), img_s = job_json_number(json, "img_s");
+  double unreduced = job_json_number(json, "ms_per_step_unreduced");
+  double total = job_json_number(json, "allreduce_ms");
+  double exposed = job_json_number(json, "allreduce_exposed_ms");
+  double hidden = job_json_number(json, "allreduce_hidden_ms");
+  test_check(json && job_count(text, "{\"bench\": ") == 1 && world == 2 && share == 16,
+             "one JSON line, world %g, %g images per rank", world, share);
+  // The JSON keeps 0.1 img/s and 1e-3 ms: img/s agrees with 32 images per ms_per_step to that.
+  test_check(ms > 0 && fabs(img_s - 32e3 / ms) <= 0.05 + 1e-4 * img_s,
+             "img/s %.1f counts both ranks' images: 32 per %.3f ms step", img_s, ms);
+  test_check(total > 0 && unreduced > 0 && fabs(exposed - (ms - unreduced)) <= 2e-3 &&
+                 fabs(hidden - (total - exposed)) <= 2e-4,
+             "all-reduce %.3f ms a step (MPI, host clock), exposed %.3f = %.3f - %.3f ms (with "
+             "and without the reduction), hidden %.3f = the rest",
+             total, exposed, ms, unreduced, hidden);
+  if (rc != 0 || !json) job_show_log(log);
+  free(text);
+
+  snprintf(log, sizeof log, "%s/bench_alone.log", tmp_root);
+  rc = job_run(0, "./swin_train", log, &took, config, "bench=1", "device=cpu", "bench.steps=2",
+               "bench.warmup=1", "threads=1", "train.batch_size=32", (const char *)NULL);
+  text = job_log(log);
+  json = bench_json(text);
+  test_check(rc == 0 && json && job_json_number(json, "world") == 1 &&
+                 !strstr(text, "all-reduce") && !strstr(json, "allreduce") &&
+                 strstr(text, "batch 32, "),
+             "without a launcher: the one-process benchmark (world 1, no all-reduce), exit %d", rc);
+  if (rc != 0) job_show_log(log);
+  free(text);
+
+  snprintf(log, sizeof log, "%s/bench_three.log", tmp_root);
+  rc = job_run(3, "./swin_train", log, &took, config, "bench=1", "device=cpu", "bench.steps=2",
+               "threads=1", (const char *)NULL);
+  text = job_log(log);
+  test_check(rc != 0 && rc != -1 &&
+                 strstr(text,
+                        "train.batch_size = 128 (the global batch) does not divide among the "
+                        "3 processes") &&
+                 !bench_json(text),
+             "bench=1 under mpirun -np 3 with train.batch_size 128: refused with the trainer's "
+             "message (exit %d)",
+             rc);
+  if (rc == 0) job_show_log(log);
+  free(text);
+}
+
 static void test_shards(int np) {
   char log[600], want[64];
   snprintf(log, sizeof log, "%s/shards%d.log", tmp_root, np);
@@ -618,6 +693,7 @@ int main(int argc, char **argv) {
   test_stop(TO_ONE_RANK, "stop_one", "SIGTERM to one rank only");
   test_stop(USR1_TO_MPIRUN, "stop_usr1", "SIGUSR1 to mpirun");
   test_default_config();
+  test_bench();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
   if (test_stats.failed == 0 && system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);

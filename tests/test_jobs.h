@@ -4,6 +4,7 @@
 // file. Include after _POSIX_C_SOURCE is defined.
 #pragma once
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -115,6 +116,16 @@ static inline void job_show_log(const char *log) {
   printf("     --- %s (last 1500 bytes) ---\n%s\n     ---\n", log,
          n > 1500 ? text + n - 1500 : text);
   free(text);
+}
+
+// The number after "key": in a JSON line (the bench's), NAN when line is NULL or lacks the key.
+static inline double job_json_number(const char *line, const char *key) {
+  char quoted[96];
+  snprintf(quoted, sizeof quoted, "\"%s\": ", key);
+  const char *at = line ? strstr(line, quoted) : NULL;
+  const char *end = at ? strchr(line, '\n') : NULL;
+  if (!at || (end && at > end)) return NAN;
+  return strtod(at + strlen(quoted), NULL);
 }
 
 // True when mpirun is on PATH.
