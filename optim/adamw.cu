@@ -25,17 +25,21 @@ struct StepScalars {
   float grad_scale;  // clip coefficient / loss scale
   float step_size;   // lr / (1 - beta1^t)
   float bias2_sqrt;  // sqrt(1 - beta2^t)
+  float lr;          // this step's learning rate (the decoupled weight decay's factor)
 };
 
-// The bias corrections in double, exactly as adamw_update_cpu computes them.
+// The bias corrections in double, exactly as adamw_update_cpu computes them. The learning rate
+// comes from device memory (*lr), so a captured step replays with each step's own.
 __global__ void optimizer_decide_kernel(StepScalars *out, OptimState *state,
-                                        const double *sum_squares, OptimizerStep h) {
+                                        const double *sum_squares, const float *lr,
+                                        OptimizerStep h) {
   StepDecision d = optimizer_decide(state, *sum_squares, h);
-  StepScalars s = {d.skip ? 1 : 0, d.grad_scale, 0.0f, 1.0f};
+  const float step_lr = *lr;
+  StepScalars s = {d.skip ? 1 : 0, d.grad_scale, 0.0f, 1.0f, step_lr};
   if (!d.skip) {
     double bias1 = 1.0 - pow((double)h.beta1, (double)d.t);
     double bias2 = 1.0 - pow((double)h.beta2, (double)d.t);
-    s.step_size = (float)((double)h.lr / bias1);
+    s.step_size = (float)((double)step_lr / bias1);
     s.bias2_sqrt = (float)sqrt(bias2);
   }
   *out = s;
@@ -65,7 +69,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const StepScalars s = *scalars;
   if (s.skip) return;
   const AdamWChunk ch = chunks[blockIdx.x];
-  const float decay = 1.0f - h.lr * ch.weight_decay;  // torch's decoupled decay, as on the CPU
+  const float decay = 1.0f - s.lr * ch.weight_decay;  // torch's decoupled decay, as on the CPU
   const int64_t base = ch.offset;
   int i = threadIdx.x * 4;
   for (; i + 4 <= ch.count; i += blockDim.x * 4) {
@@ -107,7 +111,9 @@ __global__ void to_compute_kernel(T *__restrict__ dst, const float *__restrict__
   if (i < n) dst[i] = from_float<T>(src[i]);
 }
 
-// The scratch layout: the sum of squares (a double), the step scalars, then clip.cu's partials.
+// The scratch layout: the sum of squares (a double), the step scalars, then clip.cu's partials
+// (optimizer_step_cuda_scratch's 16 floats cover the alignment, the double and the scalars).
+static_assert(sizeof(StepScalars) <= 32, "StepScalars outgrew its room in the scratch");
 struct Scratch {
   double *sum_squares;
   StepScalars *scalars;
@@ -131,11 +137,11 @@ int64_t optimizer_step_cuda_scratch(int64_t n) {
 
 void optimizer_step_cuda(DType compute_dtype, float *params, void *compute, const float *grads,
                          float *m, float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
-                         OptimizerStep hyper, OptimState *state, float *scratch,
+                         OptimizerStep hyper, const float *lr, OptimState *state, float *scratch,
                          cudaStream_t stream) {
   Scratch s = split_scratch(scratch);
   grad_sum_squares_cuda(grads, n, s.sum_squares, s.partials, stream);
-  optimizer_decide_kernel<<<1, 1, 0, stream>>>(s.scalars, state, s.sum_squares, hyper);
+  optimizer_decide_kernel<<<1, 1, 0, stream>>>(s.scalars, state, s.sum_squares, lr, hyper);
   CUDA_CHECK_LAUNCH();
   if (num_chunks <= 0) return;
   if (!compute) {

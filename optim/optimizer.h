@@ -27,9 +27,11 @@ typedef struct {
   int32_t good_steps;   // clean steps since the scale last changed
 } OptimState;
 
-// Per-step settings (host values).
+// The update's settings, the same at every step of a run (host values, passed by value: a step
+// captured into a CUDA graph keeps them). The learning rate, which changes every step, is not
+// here: the update reads it from device memory (src/backend.h's StepParams).
 typedef struct {
-  float lr, beta1, beta2, eps;
+  float beta1, beta2, eps;
   float clip_grad;       // largest global norm, 0 = off
   bool dynamic_scale;    // fp16: halve the scale on overflow, double it after scale_window
   int32_t scale_window;  // clean steps before the scale doubles
@@ -87,11 +89,12 @@ extern "C" {
 // the sum of squares of grads (n) into scratch, optimizer_decide in a one-thread kernel on
 // *state (device memory), then one launch of AdamW over the chunk table (device memory), which
 // returns at once when the step is skipped and writes compute (n, compute_dtype) when it is not
-// NULL. Everything on `stream`, nothing waits. scratch: optimizer_step_cuda_scratch(n) floats.
+// NULL. The learning rate is *lr (device memory), read by the decide kernel. Everything on
+// `stream`, nothing waits. scratch: optimizer_step_cuda_scratch(n) floats.
 int64_t optimizer_step_cuda_scratch(int64_t n);
 void optimizer_step_cuda(DType compute_dtype, float *params, void *compute, const float *grads,
                          float *m, float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
-                         OptimizerStep hyper, OptimState *state, float *scratch,
+                         OptimizerStep hyper, const float *lr, OptimState *state, float *scratch,
                          cudaStream_t stream);
 // dst (n, dt) = src (n, f32): the compute copy of the weights after a load.
 void to_compute_cuda(DType dt, void *dst, const float *src, int64_t n, cudaStream_t stream);

@@ -43,6 +43,15 @@ typedef struct {
   int64_t top1, top5, count;
 } EvalSums;
 
+// The values of a training step that change from one step to the next. The step's ops read them
+// from backend memory, never as arguments, so that a step captured once into a CUDA graph
+// (src/step_graph.h) replays with each step's own values; step_params_set writes them.
+typedef struct {
+  int64_t step;  // the step index: the key of drop path's draws
+  float lr;      // the optimizer's learning rate
+  int32_t unused;
+} StepParams;
+
 // Op families of the benchmark's per-op table (GPU time per family as a share of the step).
 // Window partition and reverse have no row: they are folded into the LayerNorm kernels.
 typedef enum {
@@ -107,6 +116,13 @@ typedef struct {
   void (*record_event)(Backend *be, void *event);
   void (*wait_event)(Backend *be, void *event);
 
+  // ---- per-step values ----
+  // Queues the write of *values into params (backend memory, read by the ops queued after it);
+  // *values may change as soon as it returns. The CPU copies at once; CUDA queues a copy on the
+  // compute queue from one of a ring of page-locked slots, and the host waits only if the copy
+  // that last read that slot (the ring's length of writes ago) has not run yet.
+  void (*step_params_set)(Backend *be, StepParams *params, const StepParams *values);
+
   // ---- model ops (shapes as in kernels/*.h) ----
   // dst (n, act) = src (n, f32) in the compute type (a plain copy in f32).
   void (*to_compute)(Backend *be, void *dst, const float *src, int64_t n);
@@ -115,11 +131,12 @@ typedef struct {
   void (*patch_embed_input)(Backend *be, void *patches, const void *input, DType input_dtype,
                             Normalize norm, int B, int H, int W, int Cin, int p);
   // Drop-path scales (units, B): unit u uses rate rates[u / 2]; 0 for a dropped sample, 1/keep
-  // for a kept one, drawn from (seed, step, unit, first_sample + b) exactly as the CPU draws
-  // them. first_sample is the global index in the step's batch of this call's sample 0 (rank *
-  // B under data parallelism), so N ranks draw what one process draws for the whole batch.
+  // for a kept one, drawn from (seed, step->step, unit, first_sample + b) exactly as the CPU
+  // draws them (step: backend memory). first_sample is the global index in the step's batch of
+  // this call's sample 0 (rank * B under data parallelism), so N ranks draw what one process
+  // draws for the whole batch.
   void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, int64_t step);
+                           int64_t first_sample, uint64_t seed, const StepParams *step);
   // images (B, H, W, Cin, f32) = (pixels / 255 - mean[c]) / std[c], from uint8 pixels: the
   // input of the per-batch augmentations, which work on normalized images.
   void (*images_normalize)(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
@@ -206,14 +223,15 @@ typedef struct {
   // ---- optimizer ----
   // One update: the global norm of grads (n) scaled back by the loss scale; if it is not finite
   // the step is skipped (parameters and moments untouched, counted in state, and with
-  // dynamic_scale the scale halves); else clipped AdamW over the chunks (AdamW's bias
-  // corrections from state->adam_steps + 1), the compute copy refreshed (compute NULL when the
-  // compute type is f32), and with dynamic_scale the scale doubles after scale_window clean
-  // steps. chunks: backend memory (optim/optimizer.h); each chunk's offset a multiple of 4 (the
-  // GPU updates 16 bytes at a time; model_adamw_chunks guarantees it).
+  // dynamic_scale the scale halves); else clipped AdamW at learning rate step->lr (backend
+  // memory) over the chunks (AdamW's bias corrections from state->adam_steps + 1), the compute
+  // copy refreshed (compute NULL when the compute type is f32), and with dynamic_scale the scale
+  // doubles after scale_window clean steps. chunks: backend memory (optim/optimizer.h); each
+  // chunk's offset a multiple of 4 (the GPU updates 16 bytes at a time; model_adamw_chunks
+  // guarantees it).
   void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
-                         OptimizerStep hyper, OptimState *state);
+                         OptimizerStep hyper, const StepParams *step, OptimState *state);
 
   // ---- profiling (benchmarks) ----
   // While on, each op's GPU time is measured (events around it) and added to its family;

@@ -107,6 +107,12 @@ static void cpu_event_nothing(Backend *be, void *event) {
   (void)event;
 }
 
+// Backend memory is host memory, and the ops that read it run when they are called.
+static void cpu_step_params_set(Backend *be, StepParams *params, const StepParams *values) {
+  (void)be;
+  *params = *values;
+}
+
 // ---- model ops ------------------------------------------------------------------------------
 
 static void cpu_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
@@ -125,8 +131,9 @@ static void cpu_patch_embed_input(Backend *be, void *patches, const void *input,
 }
 
 static void cpu_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                                 int64_t first_sample, uint64_t seed, int64_t step) {
+                                 int64_t first_sample, uint64_t seed, const StepParams *params) {
   (void)be;
+  const int64_t step = params->step;
   for (int u = 0; u < units; u++) {
     // timm drop_path: keep with probability 1 - rate, kept samples scaled by 1 / keep.
     float keep = 1.0f - rates[u / 2];
@@ -291,7 +298,8 @@ static void cpu_eval_metrics(Backend *be, EvalSums *sums, const float *logits, c
 
 static void cpu_optimizer_step(Backend *be, float *params, void *compute, const float *grads,
                                float *m, float *v, int64_t n, const AdamWChunk *chunks,
-                               int num_chunks, OptimizerStep hyper, OptimState *state) {
+                               int num_chunks, OptimizerStep hyper, const StepParams *step,
+                               OptimState *state) {
   (void)be;
   (void)compute;  // f32 only: the master is the compute copy
   StepDecision d = optimizer_decide(state, grad_sum_squares_cpu(grads, n), hyper);
@@ -304,7 +312,7 @@ static void cpu_optimizer_step(Backend *be, float *params, void *compute, const 
       k++;
     int64_t off = chunks[i].offset;
     int64_t count = chunks[k - 1].offset + chunks[k - 1].count - off;
-    AdamWHyper h = {.lr = hyper.lr,
+    AdamWHyper h = {.lr = step->lr,
                     .beta1 = hyper.beta1,
                     .beta2 = hyper.beta2,
                     .eps = hyper.eps,
@@ -341,6 +349,7 @@ static const BackendOps cpu_ops = {
     .stage_wait = cpu_stage_nothing,
     .record_event = cpu_event_nothing,
     .wait_event = cpu_event_nothing,
+    .step_params_set = cpu_step_params_set,
     .to_compute = cpu_to_compute,
     .patch_embed_input = cpu_patch_embed_input,
     .drop_path_scales = cpu_drop_path_scales,

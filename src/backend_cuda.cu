@@ -24,11 +24,18 @@
 namespace {
 
 constexpr int kSlots = 4;  // batch staging slots (the trainer uses 0/1 for training, 2/3 for eval)
+// Page-locked slots of per-step values (step_params_set): more than the steps the host ever
+// queues ahead of the GPU (the trainer: two; the benchmark: a round of 10), so its wait for a
+// slot's previous copy does not happen in either.
+constexpr int kStepSlots = 16;
 
 struct CudaState {
   int device;
   cudaStream_t compute, copy;
   cudaEvent_t uploaded[kSlots], released[kSlots];
+  StepParams *step_host;                // (kStepSlots) page-locked
+  cudaEvent_t step_copied[kStepSlots];  // the copy that last read each slot has run
+  int step_next;                        // the slot of the next write
   GemmContext *gemm;
   float *scratch;  // the ops' scratch (sized by reserve)
   int64_t scratch_floats;
@@ -244,6 +251,28 @@ void cuda_wait_event(Backend *be, void *event) {
   CUDA_CHECK(cudaStreamWaitEvent(state_of(be)->compute, static_cast<cudaEvent_t>(event), 0));
 }
 
+// ---- per-step values -------------------------------------------------------------------------
+
+// A copy from page-locked memory reads it when the copy runs, not when it is queued: so each
+// write takes the next slot of a ring, and waits (rarely: see kStepSlots) until the copy queued
+// from that slot kStepSlots writes ago has read it. An event never recorded counts as complete.
+void cuda_step_params_set(Backend *be, StepParams *params, const StepParams *values) {
+  CudaState *st = state_of(be);
+  const int k = st->step_next;
+  st->step_next = (k + 1) % kStepSlots;
+  cudaError_t ready = cudaEventQuery(st->step_copied[k]);
+  if (ready == cudaErrorNotReady) {
+    be->host_waits++;
+    CUDA_CHECK(cudaEventSynchronize(st->step_copied[k]));
+  } else {
+    CUDA_CHECK(ready);
+  }
+  st->step_host[k] = *values;
+  CUDA_CHECK(cudaMemcpyAsync(params, &st->step_host[k], sizeof(StepParams), cudaMemcpyHostToDevice,
+                             st->compute));
+  CUDA_CHECK(cudaEventRecord(st->step_copied[k], st->compute));
+}
+
 // ---- model ops --------------------------------------------------------------------------------
 
 void cuda_to_compute(Backend *be, void *dst, const float *src, int64_t n) {
@@ -265,9 +294,10 @@ void cuda_patch_embed_input(Backend *be, void *patches, const void *input, DType
 }
 
 void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, int64_t step) {
+                           int64_t first_sample, uint64_t seed, const StepParams *step) {
   OpScope scope(be, OP_ELEMENTWISE);
-  drop_path_scales_cuda(scales, rates, units, B, first_sample, seed, step, state_of(be)->compute);
+  drop_path_scales_cuda(scales, rates, units, B, first_sample, seed, &step->step,
+                        state_of(be)->compute);
 }
 
 void cuda_images_normalize(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
@@ -455,10 +485,11 @@ void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const i
 
 void cuda_optimizer_step(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
-                         OptimizerStep hyper, OptimState *state) {
+                         OptimizerStep hyper, const StepParams *step, OptimState *state) {
   OpScope scope(be, OP_OPTIMIZER);
-  optimizer_step_cuda(be->act, params, compute, grads, m, v, n, chunks, num_chunks, hyper, state,
-                      scratch_of(be, optimizer_step_cuda_scratch(n)), state_of(be)->compute);
+  optimizer_step_cuda(be->act, params, compute, grads, m, v, n, chunks, num_chunks, hyper,
+                      &step->lr, state, scratch_of(be, optimizer_step_cuda_scratch(n)),
+                      state_of(be)->compute);
 }
 
 const BackendOps cuda_ops = {
@@ -480,6 +511,7 @@ const BackendOps cuda_ops = {
     .stage_wait = cuda_stage_wait,
     .record_event = cuda_record_event,
     .wait_event = cuda_wait_event,
+    .step_params_set = cuda_step_params_set,
     .to_compute = cuda_to_compute,
     .patch_embed_input = cuda_patch_embed_input,
     .drop_path_scales = cuda_drop_path_scales,
@@ -538,6 +570,10 @@ int backend_cuda_init(Backend *be, DType act, Error *err) {
     CUDA_CHECK(cudaEventCreateWithFlags(&st->uploaded[i], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&st->released[i], cudaEventDisableTiming));
   }
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&st->step_host),
+                           sizeof(StepParams) * kStepSlots, cudaHostAllocDefault));
+  for (int i = 0; i < kStepSlots; i++)
+    CUDA_CHECK(cudaEventCreateWithFlags(&st->step_copied[i], cudaEventDisableTiming));
   st->gemm = gemm_context_create(st->compute);
   be->impl = st;
   be->bytes_in_use = gemm_context_bytes();
@@ -560,6 +596,8 @@ void backend_cuda_destroy(Backend *be) {
     cudaEventDestroy(st->uploaded[i]);
     cudaEventDestroy(st->released[i]);
   }
+  for (int i = 0; i < kStepSlots; i++) cudaEventDestroy(st->step_copied[i]);
+  cudaFreeHost(st->step_host);
   cudaStreamDestroy(st->compute);
   cudaStreamDestroy(st->copy);
   free(st);

@@ -141,12 +141,13 @@ static void bench_teardown(Bench *b) {
 static int bench_step(Bench *b, Error *err) {
   const StepBatch batch = {.images = b->pixels, .images_dtype = DTYPE_U8, .labels = b->labels};
   int64_t first_sample = (int64_t)b->comm->rank * b->B;
-  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, b->step, first_sample);
+  learner_set_step(&b->m, &b->opt, b->step, b->cfg->lr);
+  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
   if (b->reducer) {
     if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
     if (b->wait_reduced && grad_reducer_sync(b->reducer, err) != 0) return -1;
   }
-  learner_update(&b->m, &b->opt, b->cfg, b->cfg->lr);
+  learner_update(&b->m, &b->opt, b->cfg);
   if (b->reducer && grad_reducer_sync_previous(b->reducer, err) != 0) return -1;
   b->step++;
   return 0;

@@ -21,6 +21,7 @@ void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
   be->ops->upload(be, o->chunks, chunks, chunk_bytes);
   free(chunks);
   o->state = be->ops->alloc(be, sizeof(OptimState));
+  o->step_params = be->ops->alloc(be, sizeof(StepParams));
 }
 
 void optimizer_destroy(Optimizer *o, Backend *be) {
@@ -30,12 +31,13 @@ void optimizer_destroy(Optimizer *o, Backend *be) {
   be->ops->release(be, o->exp_avg_sq);
   be->ops->release(be, o->chunks);
   be->ops->release(be, o->state);
+  be->ops->release(be, o->step_params);
   *o = (Optimizer){0};
 }
 
 size_t optimizer_bytes(const Optimizer *o, const Model *m) {
   return 2 * sizeof(float) * (size_t)m->num_floats + sizeof(AdamWChunk) * (size_t)o->num_chunks +
-         sizeof(OptimState);
+         sizeof(OptimState) + sizeof(StepParams);
 }
 
 void optimizer_upload_moments(Optimizer *o, const Model *m) {
@@ -52,10 +54,15 @@ void optimizer_download_moments(Optimizer *o, const Model *m) {
   m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
 }
 
+void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr) {
+  StepParams values = {.step = step, .lr = lr};
+  m->be->ops->step_params_set(m->be, o->step_params, &values);
+}
+
 void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t step, int64_t first_sample) {
+                      const StepBatch *batch, int B, int64_t first_sample) {
   Backend *be = m->be;
-  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, step,
+  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, o->step_params,
                 first_sample);
   be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, batch->labels, batch->soft_targets,
                       cfg->label_smoothing, B, cfg->num_classes, o->state);
@@ -63,11 +70,10 @@ void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
   model_backward(m, B);
 }
 
-void learner_update(Model *m, Optimizer *o, const Config *cfg, float lr) {
+void learner_update(Model *m, Optimizer *o, const Config *cfg) {
   Backend *be = m->be;
   NVTX_PUSH("optimizer");
-  OptimizerStep hyper = {.lr = lr,
-                         .beta1 = cfg->beta1,
+  OptimizerStep hyper = {.beta1 = cfg->beta1,
                          .beta2 = cfg->beta2,
                          .eps = cfg->eps,
                          .clip_grad = cfg->clip_grad,
@@ -75,12 +81,12 @@ void learner_update(Model *m, Optimizer *o, const Config *cfg, float lr) {
                          .scale_window = cfg->loss_scale_window};
   be->ops->optimizer_step(be, m->master, m->compute == (void *)m->master ? NULL : m->compute,
                           m->grads, o->exp_avg, o->exp_avg_sq, m->num_floats, o->chunks,
-                          o->num_chunks, hyper, o->state);
+                          o->num_chunks, hyper, o->step_params, o->state);
   NVTX_POP();
 }
 
 void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
-                  int B, int64_t step, float lr) {
-  learner_backward(m, o, cfg, norm, batch, B, step, 0);
-  learner_update(m, o, cfg, lr);
+                  int B, int64_t first_sample) {
+  learner_backward(m, o, cfg, norm, batch, B, first_sample);
+  learner_update(m, o, cfg);
 }

@@ -2,6 +2,12 @@
 // optimizer) and the optimizer memory it needs: AdamW moments, the chunk table and the step state
 // in backend memory, with host copies of the moments for checkpoints. The trainer (src/train.c)
 // feeds it batches from the loader; the benchmark (src/bench.c) feeds it one resident batch.
+//
+// What changes from one step to the next reaches the step through backend memory only: the
+// step's index and learning rate (learner_set_step, before the step), the batch's contents (in
+// the caller's fixed buffers), the optimizer state (which the step updates itself). So the
+// queued sequence of learner_step is the same from step to step, for a given batch buffer and
+// batch size, and can be captured once and replayed (src/step_graph.h).
 #pragma once
 #include <stdint.h>
 
@@ -14,7 +20,8 @@ typedef struct {
   float *host_exp_avg, *host_exp_avg_sq;  // their host copies (the same arrays on the CPU)
   AdamWChunk *chunks;                     // backend memory
   int num_chunks;
-  OptimState *state;  // backend memory
+  OptimState *state;        // backend memory
+  StepParams *step_params;  // backend memory: the step's index and learning rate
 } Optimizer;
 
 // Allocates the optimizer memory for model m (on m->be) with the config's weight decay; zero
@@ -37,14 +44,19 @@ typedef struct {
   const float *soft_targets;  // or NULL
 } StepBatch;
 
-// The gradient of one training step on batch at step `step`: forward (drop path keyed by step
-// and the global index first_sample of the batch's first image), loss (label-smoothed, or
-// against the soft targets), backward into m->grads. Queued; nothing waits.
+// Queues the values of the step about to run into o->step_params: its index `step` (the key of
+// drop path's draws) and learning rate lr, read by the learner_backward and learner_update
+// queued after it. Queued; the host moves on at once.
+void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr);
+// The gradient of one training step on batch: forward (drop path keyed by the step index of
+// o->step_params and the global index first_sample of the batch's first image), loss
+// (label-smoothed, or against the soft targets), backward into m->grads. Queued; nothing waits.
 void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t step, int64_t first_sample);
-// The optimizer update from m->grads at learning rate lr (gradient norm, clip, AdamW, compute
-// copy, loss scale). Queued.
-void learner_update(Model *m, Optimizer *o, const Config *cfg, float lr);
-// Both, for one process (the benchmark).
+                      const StepBatch *batch, int B, int64_t first_sample);
+// The optimizer update from m->grads at the learning rate of o->step_params (gradient norm,
+// clip, AdamW, compute copy, loss scale). Queued.
+void learner_update(Model *m, Optimizer *o, const Config *cfg);
+// Both, with nothing between them (no gradient all-reduce): one process. Captured and replayed
+// by src/step_graph.h.
 void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
-                  int B, int64_t step, float lr);
+                  int B, int64_t first_sample);

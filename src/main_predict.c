@@ -76,7 +76,7 @@ static int predict(int argc, char **argv, Error *err) {
     size_t in_bytes = e->end - e->begin;
     void *images = be.ops->alloc(&be, in_bytes);
     be.ops->upload(&be, images, safetensors_entry_data(&input, e), in_bytes);
-    model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, 0, 0);
+    model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, NULL, 0);
     float *logits = malloc_check(sizeof(float) * (size_t)B * (size_t)cfg.num_classes);
     be.ops->download(&be, logits, m.acts.logits, sizeof(float) * (size_t)B * cfg.num_classes);
     be.ops->release(&be, images);

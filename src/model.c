@@ -509,7 +509,7 @@ static void bind_drop_scales(Model *m, int B) {
 }
 
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, int64_t step, int64_t first_sample) {
+                   bool train, uint64_t seed, const StepParams *step, int64_t first_sample) {
   NVTX_PUSH("forward");
   const Config *c = &m->cfg;
   Backend *be = m->be;

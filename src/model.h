@@ -165,12 +165,14 @@ const void *model_compute_weight(const Model *m, const float *master);
 
 // Forward over B <= max_batch images input (B, H, W, Cin) in backend memory: uint8 pixels
 // (input_dtype U8, normalized with norm) or normalized f32 images (F32; norm unused). Logits land
-// in m->acts.logits. train enables drop path, keyed by (seed, step, first_sample + b):
-// first_sample is the global index of image 0 in the step's batch (rank * B under data
-// parallelism; 0 in one process), so every rank draws what one process would for the same
-// images. Eval uses no drop path. Queued on the backend; nothing waits.
+// in m->acts.logits. train enables drop path, keyed by (seed, step->step, first_sample + b), the
+// step index read from backend memory (step: StepParams in backend memory, written by
+// ops->step_params_set; unused and may be NULL when train is false). first_sample is the global
+// index of image 0 in the step's batch (rank * B under data parallelism; 0 in one process), so
+// every rank draws what one process would for the same images. Eval uses no drop path. Queued on
+// the backend; nothing waits.
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, int64_t step, int64_t first_sample);
+                   bool train, uint64_t seed, const StepParams *step, int64_t first_sample);
 // Backward of the last training forward from m->acts.dlogits (B, classes); accumulates into
 // m->grads (zero them first with model_zero_grads). Reports finished gradients to
 // m->grads_ready as it goes.

@@ -193,7 +193,7 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   while (b) {
     be->ops->stage_consume(be, slot);
     if (b->count > 0) {  // a rank's share of the last batch may be empty
-      model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, 0, 0);
+      model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, NULL, 0);
       be->ops->eval_metrics(be, t->eval_sums, m->acts.logits, t->labels[slot], b->count,
                             cfg->num_classes);
     }
@@ -604,6 +604,7 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
   Backend *be = &t->be;
   int64_t step = t->state.step;
   int64_t first_sample = (int64_t)t->comm->rank * t->train_opt.batch_size;
+  learner_set_step(&t->model, &t->opt, step, (float)lr_at_step(&t->schedule, step));
   be->ops->stage_consume(be, slot);
   StepBatch batch = {
       .images = t->pixels[slot], .images_dtype = DTYPE_U8, .labels = t->labels[slot]};
@@ -616,9 +617,9 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
     batch.images_dtype = DTYPE_F32;
     batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
   }
-  learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, step, first_sample);
+  learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
   if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
-  learner_update(&t->model, &t->opt, cfg, (float)lr_at_step(&t->schedule, step));
+  learner_update(&t->model, &t->opt, cfg);
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
   return 0;

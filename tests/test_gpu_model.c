@@ -91,6 +91,7 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
   uint8_t *pixels = be->ops->alloc(be, pixel_bytes);
   int *labels = be->ops->alloc(be, sizeof(int) * (size_t)B);
   OptimState *state = be->ops->alloc(be, sizeof(OptimState));
+  StepParams *step = be_step_params(be, 3, 0.0f);
   OptimState init = {.loss_scale = loss_scale};
   be->ops->upload(be, pixels, pixels_host, pixel_bytes);
   be->ops->upload(be, labels, labels_host, sizeof(int) * (size_t)B);
@@ -98,7 +99,7 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
   Normalize norm = {{0}, {0}};
   for (int c = 0; c < cfg->in_chans; c++) norm.mean[c] = cfg->mean[0], norm.std[c] = cfg->std[0];
 
-  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, 3, 0);
+  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, step, 0);
   be->ops->train_loss(be, m.acts.dlogits, m.acts.logits, labels, NULL, cfg->label_smoothing, B,
                       cfg->num_classes, state);
   model_zero_grads(&m);
@@ -119,6 +120,7 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
   be->ops->release(be, pixels);
   be->ops->release(be, labels);
   be->ops->release(be, state);
+  be->ops->release(be, step);
   model_destroy(&m);
   return r;
 }

@@ -72,6 +72,7 @@ typedef struct {
   AdamWChunk *chunks;
   int num_chunks;
   OptimState *state;
+  StepParams *step_params;  // the learning rate of the next update
 } OptSide;
 
 // Host copies of a side's state.
@@ -100,10 +101,11 @@ static void side_create(OptSide *s, Backend *be, const float *params0, const Ada
   s->chunks = (AdamWChunk *)be_copy_bytes(be, chunks, sizeof(AdamWChunk) * (size_t)num_chunks);
   s->num_chunks = num_chunks;
   s->state = (OptimState *)be_copy_bytes(be, &state0, sizeof state0);
+  s->step_params = be_step_params(be, 0, 0.0f);
   free(zeros);
 }
 static void side_destroy(OptSide *s) {
-  void *bufs[] = {s->params, s->m, s->v, s->grads, s->compute, s->chunks, s->state};
+  void *bufs[] = {s->params, s->m, s->v, s->grads, s->compute, s->chunks, s->state, s->step_params};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(s->be, bufs[i]);
 }
 
@@ -134,10 +136,14 @@ static void side_restore(OptSide *s, const Snapshot *t) {
   if (s->compute) be_write_act(be, s->compute, t->compute, s->n);
   be->ops->upload(be, s->state, &t->state, sizeof t->state);
 }
-static void side_step(OptSide *s, const float *grads, OptimizerStep hyper) {
-  s->be->ops->upload(s->be, s->grads, grads, sizeof(float) * (size_t)s->n);
-  s->be->ops->optimizer_step(s->be, s->params, s->compute, s->grads, s->m, s->v, s->n, s->chunks,
-                             s->num_chunks, hyper, s->state);
+// One update at learning rate lr (in backend memory, where the trainer's update reads it).
+static void side_step(OptSide *s, const float *grads, OptimizerStep hyper, float lr) {
+  Backend *be = s->be;
+  StepParams at = {.lr = lr};
+  be->ops->upload(be, s->grads, grads, sizeof(float) * (size_t)s->n);
+  be->ops->upload(be, s->step_params, &at, sizeof at);
+  be->ops->optimizer_step(be, s->params, s->compute, s->grads, s->m, s->v, s->n, s->chunks,
+                          s->num_chunks, hyper, s->step_params, s->state);
 }
 
 // ---- checks ------------------------------------------------------------------------------------
@@ -261,8 +267,8 @@ static void run_steps(BackendPair *p, const RunKind *run, TestRng *rng) {
   for (int k = 0; k < STEPS; k++) {
     side_save(&cpu, &cb);
     side_save(&gpu, &gb);
-    OptimizerStep h = {.lr = 1e-3f,
-                       .beta1 = 0.9f,
+    const float lr = 1e-3f;
+    OptimizerStep h = {.beta1 = 0.9f,
                        .beta2 = 0.999f,
                        .eps = 1e-8f,
                        .dynamic_scale = run->dynamic_scale,
@@ -270,12 +276,12 @@ static void run_steps(BackendPair *p, const RunKind *run, TestRng *rng) {
     make_grads(rng, k, in_chunk, n, cb.state.loss_scale, grads, &h.clip_grad);
     snprintf(ctx, sizeof ctx, "optimizer_step [%s] %s, step %d (%s)", p->precision, run->name,
              k + 1, step_name(k));
-    side_step(&cpu, grads, h);
+    side_step(&cpu, grads, h, lr);
     side_save(&cpu, &ca);
-    side_step(&gpu, grads, h);
+    side_step(&gpu, grads, h, lr);
     side_save(&gpu, &ga);
     side_restore(&gpu, &gb);
-    side_step(&gpu, grads, h);
+    side_step(&gpu, grads, h, lr);
     side_save(&gpu, &ga2);
 
     check_params(ctx, &ga, &ca, params0, n);
@@ -324,10 +330,9 @@ static void negative_control(BackendPair *p, TestRng *rng) {
   side_create(&cpu, &p->cpu, params0, chunks, num_chunks, state0, false);
   side_create(&gpu, &p->gpu, params0, chunks, num_chunks, state0, false);
   make_grads(rng, 0, in_chunk, n, 1.0f, grads, &clip);
-  OptimizerStep h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  side_step(&cpu, grads, h);
-  h.lr *= 1.01f;
-  side_step(&gpu, grads, h);
+  OptimizerStep h = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  side_step(&cpu, grads, h, 1e-3f);
+  side_step(&gpu, grads, h, 1e-3f * 1.01f);
   Snapshot c, g;
   snapshot_alloc(&c, n);
   snapshot_alloc(&g, n);

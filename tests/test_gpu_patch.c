@@ -10,10 +10,14 @@
 //   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits;
 //   and a call for samples [k, k + B) of a batch (first_sample = k, as rank r of a data-parallel
 //   job draws) must give exactly that slice of the scales of the whole batch.
+//   step_params_set, which gives drop path its step index in device memory: many writes queued
+//   while the GPU is held up, each read by its own draw, every draw that of its own step.
+#define _POSIX_C_SOURCE 200809L  // nanosleep
 #include "tests/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include <stdint.h>
+#include <time.h>
 
 typedef struct {
   int B, H, W, Cin, p;
@@ -83,10 +87,12 @@ static void drop_on(Backend *be, const float *rates_h, int units, int B, int64_t
                     uint64_t seed, int64_t step, float *scales_h) {
   float *rates = be_copy_f32(be, rates_h, (units + 1) / 2);
   float *scales = be_poisoned_f32(be, (int64_t)units * B);
-  be->ops->drop_path_scales(be, scales, rates, units, B, first, seed, step);
+  StepParams *at = be_step_params(be, step, 0.0f);
+  be->ops->drop_path_scales(be, scales, rates, units, B, first, seed, at);
   be_read_f32(be, scales_h, scales, (int64_t)units * B);
   be_free(be, rates);
   be_free(be, scales);
+  be_free(be, at);
 }
 
 static void check_drop_path(BackendPair *p) {
@@ -133,6 +139,66 @@ static void check_drop_path(BackendPair *p) {
   }
 }
 
+// Holds a stream for 300 ms (a host function), so work queued behind it waits.
+static void CUDART_CB hold_stream(void *arg) {
+  (void)arg;
+  struct timespec t = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+  nanosleep(&t, NULL);
+}
+
+// step_params_set: a copy from page-locked memory reads it when it runs, so the CUDA backend
+// writes each step's values into the next slot of a ring (16 slots, src/backend_cuda.cu) and
+// waits before reusing a slot whose copy has not run. With the compute stream held up, 40 writes
+// (each followed by a drop-path draw at its step into its own buffer) wrap the ring: the host
+// must wait for the held copies (host_waits grows), and every draw must be the CPU's for its own
+// step; a slot overwritten before its copy ran would give a later step's draws.
+static void check_step_params_ring(BackendPair *p) {
+  enum { UNITS = 4, B = 64, WRITES = 40 };
+  const float rates[UNITS / 2] = {0.3f, 0.5f};
+  const uint64_t seed = 0x5eed;
+  Backend *be = &p->gpu;
+  float *rates_d = be_copy_f32(be, rates, UNITS / 2);
+  StepParams *at = be_step_params(be, 0, 0.0f);
+  float *scales[WRITES];
+  for (int k = 0; k < WRITES; k++) scales[k] = be_poisoned_f32(be, UNITS * B);
+  cudaStream_t side;
+  cudaEvent_t held;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&held, cudaEventDisableTiming));
+  CUDA_CHECK(cudaLaunchHostFunc(side, hold_stream, NULL));
+  CUDA_CHECK(cudaEventRecord(held, side));
+  be->ops->wait_event(be, held);
+  int64_t waits0 = be->host_waits;
+  for (int k = 0; k < WRITES; k++) {
+    StepParams values = {.step = 1000 + 7 * k, .lr = (float)k};
+    be->ops->step_params_set(be, at, &values);
+    be->ops->drop_path_scales(be, scales[k], rates_d, UNITS, B, 0, seed, at);
+  }
+  int64_t ring_waits = be->host_waits - waits0;
+  int wrong = 0, first_wrong = -1;
+  float *want = test_alloc_floats(UNITS * B), *got = test_alloc_floats(UNITS * B);
+  for (int k = 0; k < WRITES; k++) {
+    drop_on(&p->cpu, rates, UNITS, B, 0, seed, 1000 + 7 * k, want);
+    be_read_f32(be, got, scales[k], UNITS * B);
+    if (memcmp(got, want, sizeof(float) * UNITS * B) != 0 && wrong++ == 0) first_wrong = k;
+  }
+  test_check(wrong == 0,
+             "step_params_set [%s]: %d writes queued behind a held stream, each draw at its own "
+             "step (%d wrong, first at write %d)",
+             p->precision, WRITES, wrong, first_wrong);
+  test_check(ring_waits > 0,
+             "step_params_set [%s]: %d writes wrap the ring, so the host waited for held copies "
+             "(%lld waits)",
+             p->precision, WRITES, (long long)ring_waits);
+  free(want);
+  free(got);
+  for (int k = 0; k < WRITES; k++) be_free(be, scales[k]);
+  be_free(be, at);
+  be_free(be, rates_d);
+  CUDA_CHECK(cudaEventDestroy(held));
+  CUDA_CHECK(cudaStreamDestroy(side));
+}
+
 // Negative control: the GPU normalizing with channel 0's mean off by 1e-3 must not match.
 static void negative_control(BackendPair *p, TestRng *rng) {
   const PatchShape *s = &shapes[0];
@@ -172,6 +238,7 @@ int main(void) {
       check_patch(&p, &shapes[si], DTYPE_F32, &rng);
     }
     check_drop_path(&p);
+    if (pi == 0) check_step_params_ring(&p);
     if (pi == 0) negative_control(&p, &rng);
     backend_pair_destroy(&p);
   }

@@ -98,6 +98,11 @@ static inline void *be_copy_bytes(Backend *be, const void *host, size_t bytes) {
   return d;
 }
 // Overwrites n elements of an act tensor with host floats converted to the compute type.
+// StepParams {step, lr} in fresh backend memory (for the ops that read the step's values there).
+static inline StepParams *be_step_params(Backend *be, int64_t step, float lr) {
+  StepParams values = {.step = step, .lr = lr};
+  return (StepParams *)be_copy_bytes(be, &values, sizeof values);
+}
 static inline void be_write_act(Backend *be, void *dev, const float *host, int64_t n) {
   if (be->act == DTYPE_F32) {
     be->ops->upload(be, dev, host, sizeof(float) * (size_t)n);

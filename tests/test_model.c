@@ -34,7 +34,9 @@ static Config tiny_config(void) {
 // L = sum(logits * R): a loss whose gradient reaches every parameter with O(1) magnitude
 // (cross-entropy has its own test); accumulated in double.
 static double loss_of(Model *m, const float *images, const float *R, int B, int64_t step) {
-  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step, 0);
+  // The CPU backend's memory is host memory: the step's values may live on the stack.
+  const StepParams at = {.step = step};
+  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at, 0);
   double L = 0;
   for (int i = 0; i < B * m->cfg.num_classes; i++) L += (double)m->acts.logits[i] * R[i];
   return L;
@@ -196,10 +198,12 @@ static void test_gradients(void) {
   }
 
   // Eval forward: no drop path, deterministic, and differs from the train forward.
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7, step, 0);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7,
+                &(StepParams){.step = step}, 0);
   float *eval1 = malloc(sizeof(float) * B * K);
   memcpy(eval1, m.acts.logits, sizeof(float) * B * K);
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99, 12345, 0);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99,
+                &(StepParams){.step = 12345}, 0);
   test_check(memcmp(eval1, m.acts.logits, sizeof(float) * B * K) == 0,
              "eval forward ignores seed and step");
   free(eval1);
@@ -241,13 +245,14 @@ static void test_split_batch(void) {
   const int64_t per_image = (int64_t)m.cfg.img_h * m.cfg.img_w * m.cfg.in_chans, step = 11;
   float whole[B * 5], split[B * 5], wrong[HALF * 5];
   test_check(K == 5, "tiny model has 5 classes");
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, step, 0);
+  const StepParams at = {.step = step};  // CPU backend memory is host memory
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at, 0);
   memcpy(whole, m.acts.logits, sizeof(float) * B * K);
   int dropped = 0;
   for (int64_t i = 0; i < 2 * (int64_t)m.num_blocks * B; i++) dropped += m.acts.drop_scales[i] == 0;
   for (int share = 0; share < 2; share++) {
     model_forward(&m, images + share * HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF,
-                  true, 7, step, share * HALF);
+                  true, 7, &at, share * HALF);
     memcpy(split + share * HALF * K, m.acts.logits, sizeof(float) * HALF * K);
   }
   double err = test_rel_err(split, whole, B * K);
@@ -255,8 +260,8 @@ static void test_split_batch(void) {
              "a batch of %d in two shares (first_sample 0 and %d): the same logits, drop path "
              "included (%d of %d drops; rel err %.1e)",
              B, HALF, dropped, 2 * m.num_blocks * B, err);
-  model_forward(&m, images + HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF, true, 7,
-                step, 0);
+  model_forward(&m, images + HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF, true, 7, &at,
+                0);
   memcpy(wrong, m.acts.logits, sizeof(float) * HALF * K);
   err = test_rel_err(wrong, whole + HALF * K, HALF * K);
   test_check(err > 1e-3,
@@ -303,7 +308,8 @@ static void test_grads_ready(void) {
   Marks marks = {.m = &m};
   m.grads_ready = record_mark;
   m.grads_ready_ctx = &marks;
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, 11, 0);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &(StepParams){.step = 11},
+                0);
   test_fill_uniform(&rng, m.acts.dlogits, (int64_t)B * m.cfg.num_classes, -1, 1);
   model_zero_grads(&m);
   model_backward(&m, B);

@@ -104,7 +104,9 @@ static void check_fixture(const char *path) {
   // Forward, loss, gradients: the trainer's path through the CPU backend.
   float *dlogits = m.acts.dlogits;
   const Normalize none = {{0}, {0}};
-  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, 0, 0);
+  // The CPU backend's memory is host memory: the step's values may live on the stack.
+  StepParams at = {.step = 0};
+  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at, 0);
   test_close("logits", m.acts.logits, logits_ref, (int64_t)B * K, 1e-5);
   double loss = cross_entropy_forward_backward_cpu(dlogits, m.acts.logits, labels, NULL,
                                                    cfg.label_smoothing, B, K);
@@ -127,17 +129,16 @@ static void check_fixture(const char *path) {
   model_adamw_chunks(&m, cfg.weight_decay, chunks);
   OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
-    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, step, 0);
-    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K, &state);
+    at = (StepParams){.step = step, .lr = (float)lr_at_step(&sched, step)};
+    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at, 0);
+    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K,
+                       &state);
     model_zero_grads(&m);
     model_backward(&m, B);
-    OptimizerStep hyper = {.lr = (float)lr_at_step(&sched, step),
-                           .beta1 = cfg.beta1,
-                           .beta2 = cfg.beta2,
-                           .eps = cfg.eps,
-                           .clip_grad = cfg.clip_grad};
+    OptimizerStep hyper = {
+        .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps, .clip_grad = cfg.clip_grad};
     be.ops->optimizer_step(&be, m.master, NULL, m.grads, ea, eas, m.num_floats, chunks, num_chunks,
-                           hyper, &state);
+                           hyper, &at, &state);
     if (step == 0) compare_params(&st, &m, "step1.", m.weights, 1e-5, "1 step");
   }
   compare_params(&st, &m, "step5.", m.weights, 1e-5, "5 steps");
