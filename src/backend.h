@@ -233,6 +233,20 @@ typedef struct {
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
                          OptimizerStep hyper, const StepParams *step, OptimState *state);
 
+  // ---- captured work (CUDA graphs; NULL on the CPU, which has none) ----
+  // graph_begin: from now on the work queued on the compute queue is recorded instead of run,
+  // until graph_end makes the recording a graph to replay: NULL with err set when the capture or
+  // its instantiation failed (nothing recorded has run; the queue is as before graph_begin);
+  // *nodes, when given, gets the graph's node count. Between them nothing may wait for the queue,
+  // allocate, upload, stage a batch or profile: the backend aborts naming the call. graph_launch
+  // queues one replay on the compute queue: the recorded ops again, with the same arguments
+  // (pointers, sizes; whatever they read from memory is read anew); graph_destroy frees a graph
+  // (replays already queued still run).
+  int (*graph_begin)(Backend *be, Error *err);
+  void *(*graph_end)(Backend *be, int64_t *nodes, Error *err);
+  void (*graph_launch)(Backend *be, void *graph);
+  void (*graph_destroy)(Backend *be, void *graph);
+
   // ---- profiling (benchmarks) ----
   // While on, each op's GPU time is measured (events around it) and added to its family;
   // profile_report waits for the queue, writes the milliseconds per family since the last report

@@ -370,6 +370,7 @@ static const BackendOps cpu_ops = {
     .train_loss = cpu_train_loss,
     .eval_metrics = cpu_eval_metrics,
     .optimizer_step = cpu_optimizer_step,
+    // graph_begin, graph_end, graph_launch, graph_destroy: NULL, the CPU captures nothing
     .profile = cpu_profile,
     .profile_report = cpu_profile_report,
 };

@@ -2,7 +2,9 @@
 // cudaMalloc, taken before the first step (the model plans it; nothing is allocated inside a
 // step); every op is queued on one compute stream; batch uploads run on a copy stream, ordered
 // against the compute stream by events; the host waits only in download and synchronize.
-// Each op is a thin adapter onto the kernels of kernels/cuda/ and optim/*.cu.
+// Each op is a thin adapter onto the kernels of kernels/cuda/ and optim/*.cu. The compute
+// stream's work can be captured into a CUDA graph and replayed (graph_begin .. graph_end; used
+// for the training step by src/step_graph.c).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -36,6 +38,7 @@ struct CudaState {
   StepParams *step_host;                // (kStepSlots) page-locked
   cudaEvent_t step_copied[kStepSlots];  // the copy that last read each slot has run
   int step_next;                        // the slot of the next write
+  bool capturing;                       // between graph_begin and graph_end
   GemmContext *gemm;
   float *scratch;  // the ops' scratch (sized by reserve)
   int64_t scratch_floats;
@@ -54,6 +57,18 @@ constexpr int kMaxMarks = 1024;
 
 CudaState *state_of(Backend *be) {
   return static_cast<CudaState *>(be->impl);
+}
+
+// The calls that cannot be recorded into a graph (they wait for the device, allocate, or order
+// against work outside the recording): made while capturing, they are a bug of the caller's.
+void refuse_in_capture(Backend *be, const char *call) {
+  if (!state_of(be)->capturing) return;
+  fprintf(stderr,
+          "internal error: %s while the compute stream is being captured into a CUDA graph\n"
+          "HINT: only queued device work may be in a captured step (src/step_graph.h); "
+          "train.cuda_graphs=off runs without graphs\n",
+          call);
+  abort();
 }
 
 float *scratch_of(Backend *be, int64_t n) {
@@ -101,6 +116,7 @@ class OpScope {
 };
 
 void cuda_profile(Backend *be, bool on) {
+  refuse_in_capture(be, "profile");
   CudaState *st = state_of(be);
   if (on && !st->marks) {
     st->marks = static_cast<cudaEvent_t *>(calloc(2 * kMaxMarks, sizeof(cudaEvent_t)));
@@ -123,6 +139,7 @@ void cuda_profile_report(Backend *be, double *ms) {
 // ---- memory ---------------------------------------------------------------------------------
 
 void *cuda_alloc(Backend *be, size_t bytes) {
+  refuse_in_capture(be, "alloc");
   void *p = nullptr;
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
   if (e != cudaSuccess) {
@@ -143,7 +160,7 @@ void *cuda_alloc(Backend *be, size_t bytes) {
 }
 
 void cuda_release(Backend *be, void *ptr) {
-  (void)be;
+  refuse_in_capture(be, "release");
   if (ptr) CUDA_CHECK(cudaFree(ptr));
 }
 
@@ -158,12 +175,14 @@ void cuda_host_release(void *ptr) {
 }
 
 void cuda_upload(Backend *be, void *dst, const void *src, size_t bytes) {
+  refuse_in_capture(be, "upload");
   CudaState *st = state_of(be);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->compute));
   CUDA_CHECK(cudaStreamSynchronize(st->compute));
 }
 
 void cuda_download(Backend *be, void *dst, const void *src, size_t bytes) {
+  refuse_in_capture(be, "download");
   CudaState *st = state_of(be);
   be->host_waits++;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->compute));
@@ -176,11 +195,13 @@ void cuda_zero(Backend *be, void *ptr, size_t bytes) {
 }
 
 void cuda_synchronize(Backend *be) {
+  refuse_in_capture(be, "synchronize");
   be->host_waits++;
   CUDA_CHECK(cudaStreamSynchronize(state_of(be)->compute));
 }
 
 void cuda_reserve(Backend *be, const BackendNeeds *n) {
+  refuse_in_capture(be, "reserve");
   CudaState *st = state_of(be);
   // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 3C
   // partials (kernels/cuda/layernorm.cu); the attention backward (kernels/cuda/attention.cu); a
@@ -218,6 +239,7 @@ void check_batch(Backend *be, const char *op, int B) {
 
 void cuda_stage_upload(Backend *be, int slot, int count, void *const *dst, const void *const *src,
                        const size_t *bytes) {
+  refuse_in_capture(be, "stage_upload");
   CudaState *st = state_of(be);
   // Not before the step that last read this slot is done with it (an event never recorded
   // completes at once).
@@ -228,26 +250,31 @@ void cuda_stage_upload(Backend *be, int slot, int count, void *const *dst, const
 }
 
 void cuda_stage_consume(Backend *be, int slot) {
+  refuse_in_capture(be, "stage_consume");
   CudaState *st = state_of(be);
   CUDA_CHECK(cudaStreamWaitEvent(st->compute, st->uploaded[slot], 0));
 }
 
 void cuda_stage_release(Backend *be, int slot) {
+  refuse_in_capture(be, "stage_release");
   CudaState *st = state_of(be);
   CUDA_CHECK(cudaEventRecord(st->released[slot], st->compute));
 }
 
 void cuda_stage_wait(Backend *be, int slot) {
+  refuse_in_capture(be, "stage_wait");
   CUDA_CHECK(cudaEventSynchronize(state_of(be)->uploaded[slot]));
 }
 
 // ---- ordering against the caller's streams ------------------------------------------------------
 
 void cuda_record_event(Backend *be, void *event) {
+  refuse_in_capture(be, "record_event");
   CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), state_of(be)->compute));
 }
 
 void cuda_wait_event(Backend *be, void *event) {
+  refuse_in_capture(be, "wait_event");
   CUDA_CHECK(cudaStreamWaitEvent(state_of(be)->compute, static_cast<cudaEvent_t>(event), 0));
 }
 
@@ -257,6 +284,7 @@ void cuda_wait_event(Backend *be, void *event) {
 // write takes the next slot of a ring, and waits (rarely: see kStepSlots) until the copy queued
 // from that slot kStepSlots writes ago has read it. An event never recorded counts as complete.
 void cuda_step_params_set(Backend *be, StepParams *params, const StepParams *values) {
+  refuse_in_capture(be, "step_params_set");
   CudaState *st = state_of(be);
   const int k = st->step_next;
   st->step_next = (k + 1) % kStepSlots;
@@ -271,6 +299,70 @@ void cuda_step_params_set(Backend *be, StepParams *params, const StepParams *val
   CUDA_CHECK(cudaMemcpyAsync(params, &st->step_host[k], sizeof(StepParams), cudaMemcpyHostToDevice,
                              st->compute));
   CUDA_CHECK(cudaEventRecord(st->step_copied[k], st->compute));
+}
+
+// ---- captured work (CUDA graphs) -------------------------------------------------------------
+
+// The capture is thread-local: a call of this thread that a capture cannot hold (a host wait,
+// cudaMalloc) fails at once instead of being recorded, and the loader's threads, which are not
+// capturing, are free to allocate their page-locked buffers meanwhile.
+int cuda_graph_begin(Backend *be, Error *err) {
+  CudaState *st = state_of(be);
+  if (st->capturing) return error_set(err, "a capture is already under way");
+  if (st->profiling)
+    return error_set(err, "profiling is on (its per-op events and host waits cannot be captured)");
+  cudaError_t e = cudaStreamBeginCapture(st->compute, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // leave no error behind for the next launch check
+    return error_set(err, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+  }
+  st->capturing = true;
+  return 0;
+}
+
+// Ends the capture and instantiates the recording; uploads it to the device now, so that the
+// first replay costs what the others do.
+void *cuda_graph_end(Backend *be, int64_t *nodes, Error *err) {
+  CudaState *st = state_of(be);
+  if (!st->capturing) {
+    error_set(err, "graph_end without graph_begin");
+    return nullptr;
+  }
+  st->capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(st->compute, &graph);
+  if (e != cudaSuccess || !graph) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    error_set(err, "cudaStreamEndCapture: %s",
+              e != cudaSuccess ? cudaGetErrorString(e) : "no graph recorded");
+    return nullptr;
+  }
+  size_t count = 0;
+  e = cudaGraphGetNodes(graph, nullptr, &count);
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e == cudaSuccess) e = cudaGraphUpload(exec, st->compute);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (exec) cudaGraphExecDestroy(exec);
+    error_set(err, "instantiating the captured graph (%zu nodes): %s", count,
+              cudaGetErrorString(e));
+    return nullptr;
+  }
+  if (nodes) *nodes = (int64_t)count;
+  return exec;
+}
+
+void cuda_graph_launch(Backend *be, void *graph) {
+  refuse_in_capture(be, "graph_launch");
+  CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), state_of(be)->compute));
+}
+
+void cuda_graph_destroy(Backend *be, void *graph) {
+  refuse_in_capture(be, "graph_destroy");
+  if (graph) CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)));
 }
 
 // ---- model ops --------------------------------------------------------------------------------
@@ -532,6 +624,10 @@ const BackendOps cuda_ops = {
     .train_loss = cuda_train_loss,
     .eval_metrics = cuda_eval_metrics,
     .optimizer_step = cuda_optimizer_step,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
     .profile = cuda_profile,
     .profile_report = cuda_profile_report,
 };
