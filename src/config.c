@@ -202,6 +202,11 @@ static const ConfigKey config_keys[] = {
      SCALAR(eval_every), .range = AT_LEAST(0)},
     {"train.eval_batch_size", KEY_INT, "0", "images per evaluation batch; 0 = batch_size",
      SCALAR(eval_batch_size), .range = AT_LEAST(0)},
+    {"train.cuda_graphs", KEY_ENUM, "auto",
+     "the training step captured once into a CUDA graph and replayed (the same kernels, the same "
+     "bits, without a host launch per kernel): auto (on where supported: device cuda in one "
+     "process, not under a launcher), on (an error where unsupported) or off",
+     TEXT(cuda_graphs), .choices = "auto|on|off"},
 
     // [data]
     {"data.dataset", KEY_ENUM, "imagefolder",
@@ -1179,6 +1184,11 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "HINT: set precision=fp32, or device=cuda (or auto on a GPU "
                      "machine)",
                      c->precision);
+  if (strcmp(c->device, "cpu") == 0 && strcmp(c->cuda_graphs, "on") == 0)
+    return error_set(err,
+                     "train.cuda_graphs=on needs the CUDA backend, but device=cpu\n"
+                     "HINT: set train.cuda_graphs=auto (on wherever it is supported) or off, or "
+                     "device=cuda");
   RandAugmentPolicy randaugment;
   if (randaugment_parse(&randaugment, c->randaugment, err) != 0) return -1;
   if ((randaugment.enabled || c->color_jitter > 0) && c->in_chans != 1 && c->in_chans != 3)

@@ -62,6 +62,7 @@ typedef struct {
   int log_every;            // steps between progress lines / metrics records
   int eval_every;           // steps between evaluations; 0 = at the end of every epoch
   int eval_batch_size;
+  char cuda_graphs[8];  // "auto", "on" or "off": the training step as a replayed CUDA graph
 
   // [data]
   char dataset[32];  // "fashion_mnist", "imagefolder", "shards" or "synthetic"

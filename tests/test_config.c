@@ -81,7 +81,7 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME(batch_size); SAME(epochs); SAME(max_steps); SAME(lr); SAME(lr_scale_batch); SAME(min_lr);
   SAME(warmup_lr); SAME(warmup_epochs); SAME(weight_decay); SAME(beta1); SAME(beta2); SAME(eps);
   SAME(clip_grad); SAME(label_smoothing); SAME(log_every); SAME(eval_every);
-  SAME(eval_batch_size);
+  SAME(eval_batch_size); SAME_STR(cuda_graphs);
   SAME_STR(dataset); SAME_STR(path); SAME(workers); SAME(prefetch); SAME(num_mean);
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
@@ -117,7 +117,8 @@ static void test_defaults(void) {
        c.lr_scale_batch == 512 && c.min_lr == 5e-6f && c.warmup_lr == 5e-7f &&
        c.warmup_epochs == 20.0f && c.weight_decay == 0.05f && c.beta1 == 0.9f &&
        c.beta2 == 0.999f && c.eps == 1e-8f && c.clip_grad == 5.0f && c.label_smoothing == 0.1f &&
-       c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0;
+       c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0 &&
+       strcmp(c.cuda_graphs, "auto") == 0;
   test_check(ok, "defaults: [train] (official recipe)");
   ok = strcmp(c.dataset, "imagefolder") == 0 && c.path[0] == 0 && c.workers == 4 &&
        c.prefetch == 4 && c.num_mean == 3 && floats_equal(c.mean, imagenet_mean, 4) &&
@@ -187,7 +188,7 @@ static const char *full_file =
     "batch_size = 64\nepochs = 12\nmax_steps = 5000000000\nlr = 1e-3\nlr_scale_batch = 0\n"
     "min_lr = 1e-6\nwarmup_lr = 1e-7\nwarmup_epochs = 0.5\nweight_decay = 0.01\n"
     "beta1 = 0.8\nbeta2 = 0.99\neps = 1e-6\nclip_grad = 0\nlabel_smoothing = 0\n"
-    "log_every = 10\neval_every = 100\neval_batch_size = 256\n"
+    "log_every = 10\neval_every = 100\neval_batch_size = 256\ncuda_graphs = off\n"
     "[data]\n"
     "dataset = fashion_mnist\npath = data/fashion mnist\nworkers = 2\nprefetch = 3\n"
     "mean = 0.2860\nstd = 0.3530\nscale = 0.5, 1\nratio = 0.8,1.25\nhflip = 0\n"
@@ -215,7 +216,7 @@ static void test_full_file(void) {
        c.lr_scale_batch == 0 && c.min_lr == 1e-6f && c.warmup_lr == 1e-7f &&
        c.warmup_epochs == 0.5f && c.weight_decay == 0.01f && c.beta1 == 0.8f && c.beta2 == 0.99f &&
        c.eps == 1e-6f && c.clip_grad == 0 && c.label_smoothing == 0 && c.log_every == 10 &&
-       c.eval_every == 100 && c.eval_batch_size == 256;
+       c.eval_every == 100 && c.eval_batch_size == 256 && strcmp(c.cuda_graphs, "off") == 0;
   test_check(ok, "full.ini: [train] (section header with spaces)");
   const float mean[4] = {0.286f, 0.286f, 0.286f, 0.286f}, std[4] = {0.353f, 0.353f, 0.353f, 0.353f};
   ok = strcmp(c.dataset, "fashion_mnist") == 0 && strcmp(c.path, "data/fashion mnist") == 0 &&
@@ -374,6 +375,9 @@ static void test_override_errors(void) {
               "command line: unknown key 'lr'", "did you mean 'train.lr'?");
   CHECK_ERROR("override device=tpu", config_apply_override(&c, "device=tpu", &err), &err,
               "command line: bad value 'tpu' for key 'device'", "auto, cpu, cuda");
+  CHECK_ERROR("override train.cuda_graphs=yes",
+              config_apply_override(&c, "train.cuda_graphs=yes", &err), &err,
+              "command line: bad value 'yes' for key 'train.cuda_graphs'", "auto, on, off");
   CHECK_ERROR("override without a key", config_apply_override(&c, "=5", &err), &err,
               "command line:", "no key");
   // Found by fuzz_config: written back in quotes, this value would read back as '('.
@@ -452,6 +456,14 @@ static void test_validate_errors(void) {
            VALIDATE_WITH(&err, "model.in_chans=1", "data.mean=0.5", "data.std=0.25"), &err);
   check_ok("batch 4 with lr scaling (all rates scale alike)",
            VALIDATE_WITH(&err, "train.batch_size=4"), &err);
+  CHECK_ERROR("CUDA graphs insisted on with device=cpu",
+              VALIDATE_WITH(&err, "device=cpu", "train.cuda_graphs=on"), &err,
+              "train.cuda_graphs=on needs the CUDA backend, but device=cpu",
+              "HINT: set train.cuda_graphs=auto");
+  check_ok("CUDA graphs auto with device=cpu (off there)",
+           VALIDATE_WITH(&err, "device=cpu", "train.cuda_graphs=auto"), &err);
+  check_ok("CUDA graphs on with device=auto (decided by the trainer once the device is known)",
+           VALIDATE_WITH(&err, "train.cuda_graphs=on"), &err);
   CHECK_ERROR("bf16 all-reduce on the CPU",
               VALIDATE_WITH(&err, "device=cpu", "dist.reduce_dtype=bf16"), &err,
               "dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but device = cpu",
