@@ -16,6 +16,10 @@
 // lengthen the step was hidden behind backward. Every time is the slowest rank's (the maximum
 // over the ranks, so rank 0, which prints, reports the slowest), and img/s counts the images of
 // every rank.
+//
+// In one process the step is the trainer's CUDA graph where train.cuda_graphs allows it
+// (src/step_graph.h): captured in the warm-up, replayed in the timed rounds; the profiled round
+// launches every op from the host, so that each can be timed.
 #include "src/bench.h"
 
 #include <math.h>
@@ -28,6 +32,7 @@
 #include "src/learner.h"
 #include "src/model.h"
 #include "src/rng.h"
+#include "src/step_graph.h"
 #include "src/train.h"
 
 #define BENCH_ROUND 10
@@ -39,6 +44,7 @@ typedef struct {
   Backend be;
   Model m;
   Optimizer opt;
+  StepGraphs graphs;  // the step as a replayed CUDA graph (train.cuda_graphs)
   Normalize norm;     // per input channel
   uint8_t *pixels;    // (B, H, W, Cin) backend memory, random, resident for every step
   int *labels;        // (B)
@@ -116,13 +122,14 @@ static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
     b->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
   }
   if (comm->mpi && grad_reducer_create(&b->reducer, comm, &b->m, cfg, err) != 0) return -1;
-  return 0;
+  return step_graphs_init(&b->graphs, be, cfg->cuda_graphs, comm->mpi, err);
 }
 
 static void bench_teardown(Bench *b) {
   Backend *be = &b->be;
   grad_reducer_destroy(b->reducer);
   if (be->ops) {
+    step_graphs_destroy(&b->graphs, be);
     be->ops->release(be, b->pixels);
     be->ops->release(be, b->labels);
     if (b->opt.state) optimizer_destroy(&b->opt, be);
@@ -137,18 +144,22 @@ static void bench_teardown(Bench *b) {
 // One step, the trainer's (src/train.c) on the resident batch: backward of this rank's share
 // (drop path keyed by the global index of its first image), the end of the reduction, the update;
 // then, as the trainer does, a bounded host wait for the reductions of the step before the last,
-// so the host never runs unboundedly ahead of work that depends on another rank.
+// so the host never runs unboundedly ahead of work that depends on another rank. In one process:
+// the step's values, then learner_step, as a replayed CUDA graph where it can be.
 static int bench_step(Bench *b, Error *err) {
   const StepBatch batch = {.images = b->pixels, .images_dtype = DTYPE_U8, .labels = b->labels};
   int64_t first_sample = (int64_t)b->comm->rank * b->B;
   learner_set_step(&b->m, &b->opt, b->step, b->cfg->lr);
-  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
-  if (b->reducer) {
-    if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
-    if (b->wait_reduced && grad_reducer_sync(b->reducer, err) != 0) return -1;
+  if (!b->reducer) {
+    step_graphs_step(&b->graphs, &b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
+    b->step++;
+    return 0;
   }
+  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
+  if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
+  if (b->wait_reduced && grad_reducer_sync(b->reducer, err) != 0) return -1;
   learner_update(&b->m, &b->opt, b->cfg);
-  if (b->reducer && grad_reducer_sync_previous(b->reducer, err) != 0) return -1;
+  if (grad_reducer_sync_previous(b->reducer, err) != 0) return -1;
   b->step++;
   return 0;
 }
@@ -182,6 +193,7 @@ static int timed_round(Bench *b, int steps, double *ms, int64_t *waits, Error *e
 // see the host's pauses, and the reductions overlap backward as in any step.
 static int profiled_round(Bench *b, int steps, BenchResult *r, Error *err) {
   Backend *be = &b->be;
+  b->graphs.paused = true;  // every op launched from the host, between its timing events
   be->ops->profile(be, true);
   if (b->reducer) grad_reducer_profile(b->reducer, true);
   b->wait_reduced = true;
@@ -196,6 +208,7 @@ static int profiled_round(Bench *b, int steps, BenchResult *r, Error *err) {
   if (bench_wait(b, err) != 0) return -1;
   be->ops->profile_report(be, r->family);
   be->ops->profile(be, false);
+  b->graphs.paused = false;
   r->reduce_ms /= steps;
   for (int f = 0; f < OP_FAMILIES; f++) r->family[f] /= steps;
   return 0;
@@ -334,6 +347,11 @@ static void print_table(const Bench *b, const BenchResult *r) {
            peak / 1e12);
   printf("  %-34s %10.2f   (all taken before the first step)\n", "device memory (GiB)", r->gib);
   printf("  %-34s %10.2f\n", "host waits per step", r->waits_per_step);
+  if (be->device == DEVICE_CUDA) {
+    char graphs[256];
+    step_graphs_describe(&b->graphs, graphs, sizeof graphs);
+    printf("  %-34s %s\n", "cuda graphs", graphs);
+  }
   printf("  %-34s %10.4f   (loss scale %g, %lld skipped)\n", "last loss", r->loss,
          (double)r->after.loss_scale, (long long)r->after.skipped);
   if (r->profiled > 0) {
@@ -354,9 +372,10 @@ static void print_json(const Bench *b, const BenchResult *r) {
   printf(
       "{\"bench\": \"swin.c\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %d, "
       "\"world\": %d, \"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
-      "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f",
+      "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f, \"cuda_graphs\": %s",
       be->ops->name, cfg->precision, cfg->batch_size, b->comm->world, img_s, r->ms_step, tflops,
-      peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step);
+      peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step,
+      b->graphs.on && b->graphs.captured > 0 ? "true" : "false");
   if (b->reducer) {
     double exposed = r->ms_step - r->ms_unreduced;
     printf(

@@ -26,6 +26,7 @@
 #include "src/metrics.h"
 #include "src/model.h"
 #include "src/runlock.h"
+#include "src/step_graph.h"
 
 // The one piece of process-wide state: a signal handler can only talk to the loop through a
 // flag. Set by SIGINT/SIGTERM/SIGUSR1, read once per step (and agreed among ranks).
@@ -65,6 +66,7 @@ typedef struct {
   Normalize norm;  // per input channel (data.mean/std given once apply to all)
   Model model;
   Optimizer opt;
+  StepGraphs graphs;    // the step as a replayed CUDA graph (train.cuda_graphs)
   EvalSums *eval_sums;  // backend memory
   uint8_t *pixels[4];   // batch slots (max_batch, H, W, Cin) in backend memory
   int *labels[4];       // (max_batch)
@@ -466,6 +468,12 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
+  if (step_graphs_init(&t->graphs, &t->be, cfg->cuda_graphs, comm->mpi, err) != 0) return -1;
+  if (t->be.device == DEVICE_CUDA) {
+    char graphs[256];
+    step_graphs_describe(&t->graphs, graphs, sizeof graphs);
+    printf("cuda graphs: %s\n", graphs);
+  }
   if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
   if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
   if (dataset_num_classes(t->train_set) > cfg->num_classes) {
@@ -576,6 +584,7 @@ static void trainer_teardown(Trainer *t) {
   runlock_release(&t->lock);
   if (be->ops) {
     be->ops->synchronize(be);
+    step_graphs_destroy(&t->graphs, be);
     if (t->opt.state) optimizer_destroy(&t->opt, be);
     be->ops->release(be, t->eval_sums);
     for (int s = 0; s < 4; s++) {
@@ -598,6 +607,9 @@ static void trainer_teardown(Trainer *t) {
 // The step: queued on the backend, nothing waits for it. With several ranks each computes the
 // gradient of its share of the batch (drop path keyed by the global sample index), and the
 // reducer averages them over the ranks while backward runs, before the optimizer reads them.
+// In one process the step from forward to update is one learner_step, which on the GPU is a
+// replayed CUDA graph (src/step_graph.h); what changes from step to step is queued before it:
+// the step's values, the wait for the batch's upload, the batch's augmentations.
 
 static int train_step(Trainer *t, int slot, int B, Error *err) {
   const Config *cfg = t->cfg;
@@ -617,9 +629,13 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
     batch.images_dtype = DTYPE_F32;
     batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
   }
-  learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
-  if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
-  learner_update(&t->model, &t->opt, cfg);
+  if (t->reducer) {
+    learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
+    if (grad_reducer_finish_step(t->reducer, err) != 0) return -1;
+    learner_update(&t->model, &t->opt, cfg);
+  } else {
+    step_graphs_step(&t->graphs, &t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
+  }
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
   return 0;
@@ -843,6 +859,11 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
   else
     printf("done: %lld steps in %s%s\n", (long long)(t.state.step - start_step), took,
            interrupted ? " (interrupted)" : "");
+  if (t.be.device == DEVICE_CUDA) {
+    char graphs[256];
+    step_graphs_describe(&t.graphs, graphs, sizeof graphs);
+    printf("cuda graphs: %s\n", graphs);
+  }
   rc = 0;
 done:
   // A failing rank of a job leaves its memory to the process's end: main() ends the whole job

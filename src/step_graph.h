@@ -1,0 +1,73 @@
+// step_graph.h: the training step as a CUDA graph (train.cuda_graphs): captured once per batch
+// buffer, then replayed at every step, so the ~490 kernels of a Swin-T step (cuBLASLt's
+// included) cost the host one launch instead of one each, and the GPU no gap between them.
+//
+// What is captured: learner_step (src/learner.h), i.e. forward, loss, backward and the
+// optimizer update, every op from the patch embedding's input to AdamW's compute copy, all on
+// the compute queue. What the caller queues plainly around each step: the step's values
+// (learner_set_step: index and learning rate, copied from page-locked memory to where the ops
+// read them), the compute queue's wait for the batch's upload (stage_consume) and the slot's
+// release after the step (stage_release), and the per-batch augmentations (images_normalize +
+// batch_augment, whose parameters are drawn on the host for each batch and passed by value),
+// which write the fixed buffer the captured step reads.
+//
+// A replay repeats the recorded ops with the arguments they were given (pointers, sizes and the
+// constants of a run, such as AdamW's betas), reading their inputs anew from memory: so a graph
+// serves one batch buffer, batch size and first sample (StepGraphKey). The trainer alternates
+// two staging slots and keeps two graphs; the benchmark's resident batch needs one. A key is
+// captured the second time it is seen: its first step runs plainly, so that what is made on
+// first use (cuBLASLt's plans, kernel attributes) exists before a capture, inside which nothing
+// may allocate or wait. Results are bitwise those of plain launches: the same kernels with the
+// same arguments in the same order on the same stream.
+//
+// Where graphs are not used: train.cuda_graphs=off; the CPU backend; under a launcher (the
+// data-parallel step: the gradient reducer's bucket events, NCCL calls and bounded host waits
+// sit between backward and the update, and stay out of graphs for now); while paused (the
+// benchmark's profiled round, whose per-op timing events cannot be captured). A capture that
+// fails prints a warning saying why, and the run goes on with plain launches.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "src/backend.h"
+#include "src/config.h"
+#include "src/learner.h"
+#include "src/model.h"
+
+#define STEP_GRAPHS_MAX 4
+
+// Everything a captured step was given that may differ between calls of learner_step.
+typedef struct {
+  const void *images;
+  DType images_dtype;
+  const int *labels;
+  const float *soft_targets;
+  int B;
+  int64_t first_sample;
+} StepGraphKey;
+
+typedef struct {
+  bool on;              // capture and replay (train.cuda_graphs resolved); off after a failure
+  bool paused;          // while set, steps run plainly
+  const char *why_off;  // when not on: why, for the log
+  struct {
+    StepGraphKey key;
+    void *graph;  // the backend's graph; NULL until the key's second step
+  } entries[STEP_GRAPHS_MAX];
+  int num_entries;
+  int64_t captured, replayed, plain;  // graphs captured; steps replayed; steps run plainly
+  int64_t nodes;                      // nodes of the last graph captured
+} StepGraphs;
+
+// Resolves train.cuda_graphs (`mode`: auto, on or off) for a run on be; launched: the process
+// was started by a launcher (data parallel). auto is on where supported, on insists (an error
+// saying why not, with a HINT), off never captures.
+int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched, Error *err);
+// Frees the graphs (before the memory they name: the model, the optimizer, the batch buffers).
+void step_graphs_destroy(StepGraphs *g, Backend *be);
+// learner_step(m, o, cfg, norm, batch, B, first_sample): a replay of batch's graph when there is
+// one, else plain launches (capturing the graph at the key's second step). Queued; nothing waits.
+void step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                      const StepBatch *batch, int B, int64_t first_sample);
+// One line for the log: "on (2 graphs of 497 nodes; 98 of 100 steps replayed)" or "off (why)".
+void step_graphs_describe(const StepGraphs *g, char *buf, size_t size);
