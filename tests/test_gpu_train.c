@@ -2,10 +2,15 @@
 // seed give the same bits; a run resumed from its step-3 checkpoint ends with the same weights,
 // moments and losses as the straight run; a GPU checkpoint resumes on the CPU and a CPU one on
 // the GPU; fp16 with an overflowing loss scale skips the step, halves the scale and leaves the
-// weights and moments untouched; fp16 with the default scale trains.
+// weights and moments untouched; fp16 with the default scale trains. CUDA graphs
+// (train.cuda_graphs, src/step_graph.h): a run whose steps are replayed graphs ends bitwise
+// equal to the same run launched kernel by kernel (weights, moments, every step's loss), with and
+// without the per-batch augmentations, and resumes exactly.
 #define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
 #include <math.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tests/test_gpu_util.h"
 
@@ -191,6 +196,107 @@ static void test_fp16_overflow(void) {
   test_check(isfinite(l[6]) && l[6] > 0, "fp16: finite loss at step 6 (%.4f)", l[6]);
 }
 
+// ---- CUDA graphs ------------------------------------------------------------------------------
+
+// Trains c with its stdout also kept in run_dir.log; *replayed and *steps get the counts of the
+// last "cuda graphs:" line ("... N of M steps replayed"; 0 and 0 when it names none).
+static int run_counting_replays(const Config *c, long long *replayed, long long *steps) {
+  char path[600], line[512];
+  snprintf(path, sizeof path, "%s.log", c->run_dir);
+  fflush(stdout);
+  int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (saved < 0 || fd < 0) return -1;
+  dup2(fd, 1);
+  close(fd);
+  int rc = train_test_run(c);
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  *replayed = *steps = 0;
+  FILE *f = fopen(path, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, "cuda graphs: ");
+    if (p) printf("     %s", p);
+    const char *q = p ? strstr(p, "; ") : NULL;
+    if (q && sscanf(q, "; %lld of %lld steps replayed", replayed, steps) != 2)
+      *replayed = *steps = 0;
+  }
+  if (f) fclose(f);
+  if (rc != 0) printf("     (the run's output is in %s)\n", path);
+  return rc;
+}
+
+static bool same_losses(const Config *a, const Config *b, int from, int to) {
+  double la[32] = {0}, lb[32] = {0};
+  losses_of(a, la, 32);
+  losses_of(b, lb, 32);
+  bool same = true;
+  for (int s = from; s <= to; s++) same = same && la[s] == lb[s] && la[s] > 0;
+  if (!same)
+    for (int s = from; s <= to; s++)
+      if (la[s] != lb[s]) printf("     step %d: loss %.9g vs %.9g\n", s, la[s], lb[s]);
+  return same;
+}
+
+// The same run with train.cuda_graphs=on and off: 10 steps over two staging slots, so steps 0
+// and 1 run plainly (each slot's first), 2 and 3 are captured and replayed, 4..9 replayed; a log
+// and a read-back every step, a checkpoint at step 5, the evaluation at the end. Graphs change
+// the launches only: the weights, moments and losses must be the same bits.
+static void graphs_on_off(const char *name, const char *precision, bool augment) {
+  char on_name[64], off_name[64];
+  snprintf(on_name, sizeof on_name, "%s_graphs_on", name);
+  snprintf(off_name, sizeof off_name, "%s_graphs_off", name);
+  Config on = gpu_config(on_name, precision), off = gpu_config(off_name, precision);
+  Config *both[2] = {&on, &off};
+  for (int k = 0; k < 2; k++) {
+    Config *c = both[k];
+    c->max_steps = 10;
+    c->ckpt_every = 5;
+    if (augment) {  // the recipe's per-batch augmentations: f32 images and soft targets
+      c->mixup = 0.8f;
+      c->cutmix = 1.0f;
+      c->reprob = 0.25f;
+    }
+    snprintf(c->cuda_graphs, sizeof c->cuda_graphs, "%s", k == 0 ? "on" : "off");
+  }
+  long long replayed, steps, replayed_off, steps_off;
+  int rc_on = run_counting_replays(&on, &replayed, &steps);
+  int rc_off = run_counting_replays(&off, &replayed_off, &steps_off);
+  test_check(rc_on == 0 && rc_off == 0, "%s %s%s: 10 steps with train.cuda_graphs=on and off", name,
+             precision, augment ? " with mixup, cutmix and erasing" : "");
+  if (rc_on != 0 || rc_off != 0) return;
+  test_check(replayed == 8 && steps == 10 && replayed_off == 0,
+             "%s: graphs on replayed 8 of 10 steps (got %lld of %lld), off none (%lld)", name,
+             replayed, steps, replayed_off);
+  test_check(train_test_same_tensors(ckpt_of(&on, 5), ckpt_of(&off, 5)) &&
+                 train_test_same_tensors(ckpt_of(&on, 10), ckpt_of(&off, 10)),
+             "%s: graphs on vs off: weights and moments bit-identical at steps 5 and 10", name);
+  test_check(same_losses(&on, &off, 1, 10), "%s: graphs on vs off: losses of steps 1..10 identical",
+             name);
+}
+
+// A run with graphs on resumed from its step-5 checkpoint (graphs on again, the resumed run's
+// slots captured anew) ends bitwise where the straight run ends.
+static void graphs_resume(void) {
+  Config a = gpu_config("bf16_graphs_on", "bf16");  // the straight run of graphs_on_off
+  a.max_steps = 10;
+  a.ckpt_every = 5;
+  Config r = a;
+  snprintf(r.run_dir, sizeof r.run_dir, "%s/graphs_resumed", tmp_root);
+  mkdir(r.run_dir, 0755);
+  train_test_copy_file(ckpt_of(&a, 5), ckpt_of(&r, 5));
+  snprintf(r.resume, sizeof r.resume, "auto");
+  snprintf(r.cuda_graphs, sizeof r.cuda_graphs, "on");
+  long long replayed, steps;
+  test_check(run_counting_replays(&r, &replayed, &steps) == 0,
+             "graphs on: run resumed from step 5 to step 10");
+  test_check(replayed == 3 && steps == 5,
+             "resumed with graphs: 3 of 5 steps replayed (%lld of %lld)", replayed, steps);
+  test_check(train_test_same_tensors(ckpt_of(&a, 10), ckpt_of(&r, 10)),
+             "graphs on, resumed: final weights and moments bit-identical to the straight run");
+  test_check(same_losses(&a, &r, 6, 10), "graphs on, resumed: losses of steps 6..10 identical");
+}
+
 int main(void) {
   GPU_TEST_MAIN_BEGIN();
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_gpu_train_XXXXXX");
@@ -198,6 +304,9 @@ int main(void) {
   test_same_bits_and_resume();
   test_cross_device();
   test_fp16_overflow();
+  graphs_on_off("bf16", "bf16", false);
+  graphs_on_off("fp16_aug", "fp16", true);
+  graphs_resume();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
   if (test_stats.failed == 0 && system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);

@@ -1,6 +1,7 @@
 // test_train.c: the trainer end to end on a Fashion-MNIST subset: exact resume, thread-count
 // independence of the data loader, refusal of broken checkpoints with the older one still
-// usable, SIGTERM leaving a checkpoint that resumes, and a short run that learns.
+// usable, SIGTERM leaving a checkpoint that resumes, a short run that learns, and
+// train.cuda_graphs=on refused where the step runs on the CPU.
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "src/backend.h"
 #include "src/checkpoint.h"
 #include "src/config.h"
 #include "src/safetensors.h"
@@ -131,8 +133,8 @@ static void test_recipe_resume(void) {
   test_check(train_test_same_tensors(ckpt_path("recipe", 6), ckpt_path("recipe_resumed", 6)),
              "recipe resume: final weights and moments bit-identical to the straight run");
   read_losses("recipe_resumed", lb, 8);
-  test_check(la[6] == lb[6] && la[4] == lb[4], "recipe resume: losses identical (%.6f %.6f)",
-             la[6], lb[6]);
+  test_check(la[6] == lb[6] && la[4] == lb[4], "recipe resume: losses identical (%.6f %.6f)", la[6],
+             lb[6]);
 }
 
 static void test_broken_checkpoints(void) {
@@ -275,6 +277,30 @@ static void test_learns(void) {
              loss[96], LEARN_LOSS_MAX);
 }
 
+// device=auto on a machine without a usable GPU trains on the CPU, where the step is no CUDA
+// graph: train.cuda_graphs=on is refused before any data is read, naming the key and why;
+// (auto, the default, is what every other run here uses).
+static void test_cuda_graphs_on_cpu(void) {
+  if (backend_cuda_usable()) {
+    printf("note: a GPU is usable here, so device=auto is cuda: nothing to refuse\n");
+    return;
+  }
+  Config c = small_config("graphs_on_cpu");
+  snprintf(c.device, sizeof c.device, "auto");
+  snprintf(c.cuda_graphs, sizeof c.cuda_graphs, "on");
+  Error err;
+  Comm alone;
+  int rc = config_validate(&c, &err);
+  test_check(rc == 0,
+             "device=auto with train.cuda_graphs=on validates (the device is not known yet)");
+  if (rc != 0 || comm_init(&alone, &err) != 0) return;
+  rc = train_run(&c, &alone, &err);
+  test_check(rc != 0 && strstr(err.msg, "train.cuda_graphs=on") && strstr(err.msg, "CPU backend") &&
+                 strstr(err.msg, "HINT: set train.cuda_graphs=auto"),
+             "train.cuda_graphs=on on the CPU refused with the key, the reason and a HINT (%s)",
+             rc != 0 ? err.msg : "it trained");
+}
+
 int main(void) {
   struct stat sb;
   if (stat(FASHION_DIR, &sb) != 0) {
@@ -288,6 +314,7 @@ int main(void) {
   test_broken_checkpoints();
   test_sigterm();
   test_learns();
+  test_cuda_graphs_on_cpu();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
   if (test_stats.failed == 0 && system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);

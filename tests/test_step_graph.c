@@ -1,0 +1,237 @@
+// test_step_graph.c: the bookkeeping of src/step_graph.c, on the CPU, with a stand-in for a
+// backend that captures: the CPU backend's table with graph ops that count their calls (the CPU
+// runs a "captured" step at once; on CUDA it would be recorded). Checks how train.cuda_graphs
+// resolves (auto / on / off, the CPU, under a launcher), that each batch buffer runs plainly once,
+// is captured at its second step and replayed after, that another batch size or buffer is another
+// graph, that a paused step runs plainly, and that a failed capture warns, frees every graph,
+// runs the step plainly and leaves graphs off. The GPU side (replays bitwise equal to plain
+// launches) is tests/test_gpu_train.c's.
+#include <stdint.h>
+
+#include "src/backend.h"
+#include "src/config.h"
+#include "src/learner.h"
+#include "src/model.h"
+#include "src/step_graph.h"
+#include "tests/test_util.h"
+
+// What the stand-in graph ops saw.
+static struct {
+  int begins, ends, launches, destroys, live;
+  int fail_at_end;  // the graph_end call (1-based) that fails; 0: none
+  bool capturing;
+  int updates, updates_capturing;  // optimizer_step calls, and those made while "capturing"
+} seen;
+
+static BackendOps cpu_table;  // the CPU backend's own ops
+
+static int stand_in_begin(Backend *be, Error *err) {
+  (void)be;
+  (void)err;
+  seen.begins++;
+  seen.capturing = true;
+  return 0;
+}
+static void *stand_in_end(Backend *be, int64_t *nodes, Error *err) {
+  (void)be;
+  seen.capturing = false;
+  if (++seen.ends == seen.fail_at_end) {
+    error_set(err, "the stand-in's instantiation failed");
+    return NULL;
+  }
+  if (nodes) *nodes = 7;
+  seen.live++;
+  return (void *)(intptr_t)seen.ends;
+}
+static void stand_in_launch(Backend *be, void *graph) {
+  (void)be;
+  (void)graph;
+  seen.launches++;
+}
+static void stand_in_destroy(Backend *be, void *graph) {
+  (void)be;
+  (void)graph;
+  seen.destroys++;
+  seen.live--;
+}
+static void counting_update(Backend *be, float *params, void *compute, const float *grads, float *m,
+                            float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
+                            OptimizerStep hyper, const StepParams *step, OptimState *state) {
+  seen.updates++;
+  seen.updates_capturing += seen.capturing;
+  cpu_table.optimizer_step(be, params, compute, grads, m, v, n, chunks, num_chunks, hyper, step,
+                           state);
+}
+
+static Config tiny_config(void) {
+  Config c;
+  config_defaults(&c);
+  c.img_h = c.img_w = 8;
+  c.in_chans = 3;
+  c.patch_size = 2;
+  c.embed_dim = 8;
+  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
+  memset(c.num_heads, 0, sizeof c.num_heads);
+  c.num_stages = 1;
+  c.depths[0] = 2;
+  c.num_heads[0] = 2;
+  c.window_size = 2;
+  c.drop_path_rate = 0.1f;
+  c.num_classes = 3;
+  return c;
+}
+
+static void check_resolve(Backend *cpu, Backend *capturing) {
+  StepGraphs g;
+  Error err;
+  test_check(step_graphs_init(&g, capturing, "auto", false, &err) == 0 && g.on,
+             "auto on a backend that captures, one process: on");
+  test_check(step_graphs_init(&g, capturing, "on", false, &err) == 0 && g.on,
+             "on on a backend that captures, one process: on");
+  test_check(step_graphs_init(&g, capturing, "off", false, &err) == 0 && !g.on &&
+                 strcmp(g.why_off, "train.cuda_graphs=off") == 0,
+             "off: off, and the log says train.cuda_graphs=off");
+  test_check(step_graphs_init(&g, cpu, "auto", false, &err) == 0 && !g.on &&
+                 strstr(g.why_off, "CPU backend"),
+             "auto on the CPU: off (the CPU backend)");
+  int rc = step_graphs_init(&g, cpu, "on", false, &err);
+  test_check(rc != 0 && strstr(err.msg, "train.cuda_graphs=on") && strstr(err.msg, "CPU backend") &&
+                 strstr(err.msg, "HINT: set train.cuda_graphs=auto"),
+             "on on the CPU: refused with the key, the reason and a HINT (%s)",
+             rc ? err.msg : "accepted");
+  test_check(step_graphs_init(&g, capturing, "auto", true, &err) == 0 && !g.on &&
+                 strstr(g.why_off, "launcher"),
+             "auto under a launcher: off (the data-parallel step stays out of graphs)");
+  rc = step_graphs_init(&g, capturing, "on", true, &err);
+  test_check(rc != 0 && strstr(err.msg, "launcher"), "on under a launcher: refused (%s)",
+             rc ? err.msg : "accepted");
+}
+
+typedef struct {
+  Model *m;
+  Optimizer *o;
+  const Config *cfg;
+  StepBatch batch[2];  // two staging slots
+  const float *soft;   // soft targets (B, classes), for a batch that has them
+} Run;
+
+static void step(StepGraphs *g, Run *r, int slot, int B) {
+  learner_set_step(r->m, r->o, 0, 1e-3f);
+  step_graphs_step(g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[slot], B, 0);
+}
+
+static void check_steps(Run *r, Backend *be, Backend *capturing) {
+  const int B = 4;
+  StepGraphs g;
+  Error err;
+  memset(&seen, 0, sizeof seen);
+  step_graphs_init(&g, capturing, "auto", false, &err);
+  char line[256];
+  step_graphs_describe(&g, line, sizeof line);
+  test_check(strstr(line, "on (") == line, "before any step: '%s'", line);
+  for (int k = 0; k < 6; k++) step(&g, r, k % 2, B);
+  test_check(seen.begins == 2 && seen.ends == 2 && seen.launches == 4 && g.captured == 2 &&
+                 g.replayed == 4 && g.plain == 2,
+             "slots 0,1,0,1,0,1: each runs plainly once, is captured at its second step and "
+             "replayed from then on (captures %d, launches %d, plain %lld)",
+             seen.begins, seen.launches, (long long)g.plain);
+  test_check(seen.updates == 4 && seen.updates_capturing == 2,
+             "the step was queued 4 times: 2 plain, 2 into captures (%d, %d)", seen.updates,
+             seen.updates_capturing);
+  step_graphs_describe(&g, line, sizeof line);
+  test_check(strcmp(line, "on (2 graphs of 7 nodes; 4 of 6 steps replayed)") == 0, "the log: '%s'",
+             line);
+  // Another batch size on slot 0 is another graph: plain first, captured second.
+  step(&g, r, 0, B / 2);
+  step(&g, r, 0, B / 2);
+  test_check(seen.begins == 3 && seen.launches == 5 && g.plain == 3,
+             "batch %d on slot 0: its own graph, captured at its second step (captures %d)", B / 2,
+             seen.begins);
+  // Soft targets make a batch another key too.
+  r->batch[1].soft_targets = r->soft;
+  step(&g, r, 1, B);
+  test_check(g.plain == 4 && seen.launches == 5, "slot 1 with soft targets: a new key, plain");
+  r->batch[1].soft_targets = NULL;
+  g.paused = true;
+  step(&g, r, 0, B);
+  g.paused = false;
+  test_check(g.plain == 5 && seen.launches == 5, "paused: the step runs plainly");
+  step(&g, r, 0, B);
+  test_check(seen.launches == 6, "unpaused: slot 0 replays its graph again");
+  step_graphs_destroy(&g, be);
+  test_check(seen.destroys == 3 && seen.live == 0, "destroy frees the 3 graphs (%d freed)",
+             seen.destroys);
+
+  // A capture that fails after one graph was made: a warning, every graph freed, the step run
+  // plainly (on CUDA nothing of the failed capture has run), graphs off from then on.
+  memset(&seen, 0, sizeof seen);
+  seen.fail_at_end = 2;
+  step_graphs_init(&g, capturing, "on", false, &err);
+  printf("     (a warning about a failed capture follows: it is expected)\n");
+  for (int k = 0; k < 4; k++) step(&g, r, k % 2, B);
+  test_check(!g.on && seen.begins == 2 && seen.destroys == 1 && seen.live == 0,
+             "failed capture: graphs off, the graph made before it freed (%d freed)",
+             seen.destroys);
+  test_check(g.plain == 3 && seen.updates == 5 && seen.launches == 1,
+             "failed capture: the failing step ran plainly after it (plain %lld, updates %d, "
+             "launches %d)",
+             (long long)g.plain, seen.updates, seen.launches);
+  step(&g, r, 0, B);
+  test_check(seen.begins == 2 && seen.launches == 1 && g.plain == 4,
+             "after a failed capture every step runs plainly");
+  step_graphs_describe(&g, line, sizeof line);
+  test_check(strstr(line, "off") == line, "the log: '%s'", line);
+  step_graphs_destroy(&g, be);
+}
+
+int main(void) {
+  Config c = tiny_config();
+  Error err;
+  Backend be;
+  Model m;
+  const int B = 4;
+  if (config_validate(&c, &err) != 0 || backend_create(&be, "cpu", "fp32", &err) != 0 ||
+      model_create(&m, &c, &be, B, &err) != 0) {
+    test_check(0, "setup: %s", err.msg);
+    return test_finish();
+  }
+  model_init_weights(&m, 1);
+  Optimizer o;
+  optimizer_create(&o, &m, &c);
+  OptimState state = {.loss_scale = 1.0f};
+  be.ops->upload(&be, o.state, &state, sizeof state);
+
+  // The stand-in: the CPU's table with counting graph ops and update, on a backend that says
+  // CUDA (only step_graphs_init reads that).
+  cpu_table = *be.ops;
+  BackendOps stand_in = cpu_table;
+  stand_in.graph_begin = stand_in_begin;
+  stand_in.graph_end = stand_in_end;
+  stand_in.graph_launch = stand_in_launch;
+  stand_in.graph_destroy = stand_in_destroy;
+  stand_in.optimizer_step = counting_update;
+  Backend capturing = be;
+  capturing.ops = &stand_in;
+  capturing.device = DEVICE_CUDA;
+  check_resolve(&be, &capturing);
+
+  be.ops = &stand_in;  // the model's backend: its steps go through the stand-in's ops
+  int64_t per_image = (int64_t)c.img_h * c.img_w * c.in_chans;
+  float *images = calloc_check((size_t)(2 * B * per_image), sizeof(float));
+  int *labels = calloc_check(2 * B, sizeof(int));
+  float *soft = calloc_check((size_t)(B * c.num_classes), sizeof(float));
+  for (int b = 0; b < B; b++) soft[b * c.num_classes] = 1.0f;
+  Run r = {.m = &m, .o = &o, .cfg = &c, .soft = soft};
+  for (int s = 0; s < 2; s++)
+    r.batch[s] = (StepBatch){
+        .images = images + s * B * per_image, .images_dtype = DTYPE_F32, .labels = labels + s * B};
+  check_steps(&r, &be, &capturing);
+  be.ops = &cpu_table;
+  free(images);
+  free(labels);
+  free(soft);
+  optimizer_destroy(&o, &be);
+  model_destroy(&m);
+  backend_destroy(&be);
+  return test_finish();
+}
