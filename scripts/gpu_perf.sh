@@ -2,7 +2,8 @@
 # gpu_perf.sh: one call on the GPU machine for the speed work (kernels/PERF.md): build, the
 # benchmark mode on Swin-T (and Swin-B), the GPU time per kernel (scripts/profile_step.sh, ncu),
 # the gpu-labelled tests, and optionally PyTorch in the same command (scripts/bench.sh). Prints a
-# short table last; full logs go to $OUT (or /tmp/gpu_perf).
+# short table last; full logs go to $OUT (or /tmp/gpu_perf). bench runs Swin-T with and without
+# CUDA graphs (train.cuda_graphs=on where supported, and off).
 # Carry .deps (stb headers in .deps/stb; Fashion-MNIST's four .gz files in .deps/fashion-mnist,
 # which the dataset tests read from /usr/share/datasets/fashion-mnist).
 # Usage (repo root): bash scripts/gpu_perf.sh [bench] [dist] [profile] [tests] [pytorch] [base]
@@ -33,6 +34,9 @@ step build 300 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Rele
 bench_args=(bench=1 device=cuda precision=bf16 train.batch_size=128)
 if has bench; then
   step bench_tiny 120 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}"
+  # The same step launched kernel by kernel: what the CUDA graph saves (train.cuda_graphs).
+  step bench_tiny_nograph 120 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}" \
+    train.cuda_graphs=off
   has base && step bench_base 180 build-gpu/swin_train configs/swin_base.ini "${bench_args[@]}"
 fi
 if has dist; then
