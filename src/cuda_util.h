@@ -25,9 +25,19 @@
     if (err_ != cudaSuccess) {                                                     \
       fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(err_), \
               cudaGetErrorString(err_), __FILE__, __LINE__, #call);                \
+      cuda_capture_hint(err_);                                                     \
       abort();                                                                     \
     }                                                                              \
   } while (0)
+
+// The errors of a call that a CUDA graph capture cannot hold (cudaErrorStreamCapture*: the
+// training step is captured, src/step_graph.h) get a line saying how to run without graphs.
+static inline void cuda_capture_hint(cudaError_t e) {
+  if (e >= cudaErrorStreamCaptureUnsupported && e <= cudaErrorStreamCaptureWrongThread)
+    fprintf(stderr,
+            "HINT: the call is not allowed while the training step is captured into a CUDA "
+            "graph; train.cuda_graphs=off runs without graphs (and please report this)\n");
+}
 
 // After a kernel launch: reports a bad launch configuration at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

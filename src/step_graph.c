@@ -15,8 +15,8 @@ int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool la
     unsupported = "the CPU backend";
   else if (launched)
     unsupported =
-        "under a launcher (the data-parallel step's gradient all-reduce, with its bounded host "
-        "waits, sits between backward and the update and stays out of graphs for now)";
+        "under a launcher, where the data-parallel step's gradient all-reduce and its bounded "
+        "host waits sit between backward and the update, kept out of graphs for now";
   if (strcmp(mode, "off") == 0) {
     g->why_off = "train.cuda_graphs=off";
     return 0;
