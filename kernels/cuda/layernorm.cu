@@ -44,9 +44,13 @@ constexpr int kDefaultSharedBytes = 48 * 1024;
 // would not fit in the default shared memory (C > 768).
 constexpr int kBackwardMaxWarps = 8;
 constexpr int kBackwardMaxThreads = kBackwardMaxWarps * kWarp;
-// Upper bound on the backward's row blocks, so the partial sums (2C floats per block) stay small
-// next to the rows themselves; past 1024 * 8 rows each warp takes several rows.
-constexpr int64_t kBackwardMaxBlocks = 1024;
+// Upper bound on the backward's row blocks, so the partial sums (a few C floats per block) stay
+// small next to the rows themselves; past that each slot takes several rows. 792 is two full
+// waves on the H200 at the 3 resident 256-thread blocks per SM of the register kernels (132 SMs):
+// 1024 ran 2.54 waves in Swin-T's stage 0, the last one half empty (Nsight Compute). Large maps
+// reach the bound and then fill the waves; a constant, so the partition depends on the shapes
+// only.
+constexpr int64_t kBackwardMaxBlocks = 792;
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
