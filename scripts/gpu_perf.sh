@@ -6,11 +6,13 @@
 # CUDA graphs (train.cuda_graphs=on where supported, and off).
 # Carry .deps (stb headers in .deps/stb; Fashion-MNIST's four .gz files in .deps/fashion-mnist,
 # which the dataset tests read from /usr/share/datasets/fashion-mnist).
-# Usage (repo root): bash scripts/gpu_perf.sh [bench] [dist] [profile] [tests] [pytorch] [base]
+# Usage (repo root): bash scripts/gpu_perf.sh [bench] [dist] [profile] [tests] [pytorch] [base] [memory]
 #   [detail] (no argument: bench profile tests); dist: the benchmark of Swin-T's data-parallel step
 #   (the all-reduce rows) under mpirun -np 1 (NCCL on one GPU), and with two GPUs -np 2 (128 images
 #   per GPU); detail: Nsight Compute's full sections for the kernels
 #   matching NCU_KERNELS (a regex; NCU_SKIP launches skipped, NCU_COUNT profiled) of Swin-T's step.
+#   memory: Swin-T's device memory per batch size (BATCHES, default 64 128 256 512 1024 2048) and
+#   the largest of BIG_BATCHES (default 3072 3584 4096 4608) that still runs.
 #   TESTS: a ctest -R regex to run only some gpu tests.
 set -uo pipefail
 out=${OUT:-/tmp/gpu_perf}
@@ -47,6 +49,20 @@ if has dist; then
       bench=1 device=cuda precision=bf16 train.batch_size=256
   fi
 fi
+if has memory; then
+  : >"$out/memory.txt"
+  for b in ${BATCHES:-64 128 256 512 1024 2048} ${BIG_BATCHES:-3072 3584 4096 4608}; do
+    if timeout 120 build-gpu/swin_train configs/swin_tiny.ini bench=1 device=cuda precision=bf16 \
+      train.batch_size=$b bench.warmup=1 bench.steps=2 >"$out/memory_$b.tmp" 2>&1; then
+      echo "batch $b: $(grep -E 'device memory|img/s \(median' "$out/memory_$b.tmp" | tr -s ' ' | tr '\n' ';')" \
+        >>"$out/memory.txt"
+    else
+      echo "batch $b: does not run ($(grep -m1 -E 'error' "$out/memory_$b.tmp"))" >>"$out/memory.txt"
+      break
+    fi
+  done
+  rm -f "$out"/memory_*.tmp
+fi
 if has profile; then
   PROFILE_CSV=$out/ncu_tiny.csv PROFILE_SEQ=$out/ncu_tiny_step.txt step profile_tiny 300 bash scripts/profile_step.sh build-gpu \
     configs/swin_tiny.ini precision=bf16 train.batch_size=128
@@ -72,6 +88,7 @@ for f in "$out"/bench_*.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -A22 '^bench:' "$f" | grep -v '^{'; }
 done
 [ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
+[ -f "$out/memory.txt" ] && cat "$out/memory.txt"
 [ -f "$out/ctest.log" ] && grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$out/ctest.log"
 [ -f "$out/pytorch.log" ] && sed -n '/== swin.c vs PyTorch/,$p' "$out/pytorch.log"
 printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-14s %-32s %s\n", $1, $2, $3}'

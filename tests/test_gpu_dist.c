@@ -209,46 +209,6 @@ int main(void) {
   return 77;
 }
 #else
-// bench=1 under mpirun -np np on the GPU (c's model, synthetic batch, NCCL): rank 0's table has
-// the per-op rows and the all-reduce rows, its JSON line the all-reduce fields.
-static void test_bench(const Config *c, int np) {
-  char ini[600], log[600];
-  snprintf(ini, sizeof ini, "%s.ini", c->run_dir);
-  snprintf(log, sizeof log, "%s_bench%d.log", c->run_dir, np);
-  double took;
-  int rc = job_run(np, "./swin_train", log, &took, job_write_ini(c, ini), "bench=1",
-                   "bench.steps=20", "bench.warmup=3", (const char *)NULL);
-  char *text = job_log(log);
-  char banner[64];
-  snprintf(banner, sizeof banner, "(%d process%s x %d)", np, np > 1 ? "es" : "",
-           c->batch_size / np);
-  test_check(rc == 0 && job_count(text, "bench: cuda") == 1 && strstr(text, banner) &&
-                 strstr(text, "GPU time per op family") &&
-                 job_count(text, "    all-reduce (comm stream) ") == 1 &&
-                 job_count(text, "    all-reduce exposed ") == 1 &&
-                 job_count(text, "    all-reduce hidden ") == 1,
-             "mpirun -np %d swin_train bench=1 (CUDA, NCCL): exit %d in %.1f s, the per-op table "
-             "with the all-reduce rows",
-             np, rc, took);
-  const char *json = strstr(text, "{\"bench\": \"swin.c\"");
-  double world = job_json_number(json, "world"), ms = job_json_number(json, "ms_per_step");
-  double unreduced = job_json_number(json, "ms_per_step_unreduced");
-  double total = job_json_number(json, "allreduce_ms");
-  double exposed = job_json_number(json, "allreduce_exposed_ms");
-  double hidden = job_json_number(json, "allreduce_hidden_ms");
-  double img_s = job_json_number(json, "img_s");
-  // One rank's NCCL all-reduce is a local pass over the buckets: some GPU time, perhaps tiny.
-  test_check(world == np && ms > 0 && unreduced > 0 && total >= 0 &&
-                 fabs(exposed - (ms - unreduced)) <= 2e-3 &&
-                 fabs(hidden - (total - exposed)) <= 2e-4 &&
-                 fabs(img_s - c->batch_size * 1e3 / ms) <= 0.05 + 1e-4 * img_s,
-             "JSON: world %g, %.3f ms/step (%.3f without the reduction), img/s %.1f for all "
-             "ranks; all-reduce %.4f ms on the comm stream, exposed %.4f, hidden %.4f",
-             world, ms, unreduced, img_s, total, exposed, hidden);
-  if (rc != 0 || !json) job_show_log(log);
-  free(text);
-}
-
 int main(void) {
   GPU_TEST_MAIN_BEGIN();
 }

@@ -44,9 +44,13 @@ constexpr int kDefaultSharedBytes = 48 * 1024;
 // would not fit in the default shared memory (C > 768).
 constexpr int kBackwardMaxWarps = 8;
 constexpr int kBackwardMaxThreads = kBackwardMaxWarps * kWarp;
-// Upper bound on the backward's row blocks, so the partial sums (2C floats per block) stay small
-// next to the rows themselves; past 1024 * 8 rows each warp takes several rows.
-constexpr int64_t kBackwardMaxBlocks = 1024;
+// Upper bound on the backward's row blocks, so the partial sums (a few C floats per block) stay
+// small next to the rows themselves; past that each slot takes several rows. 792 is two full
+// waves on the H200 at the 3 resident 256-thread blocks per SM of the register kernels (132 SMs):
+// 1024 ran 2.54 waves in Swin-T's stage 0, the last one half empty (Nsight Compute). Large maps
+// reach the bound and then fill the waves; a constant, so the partition depends on the shapes
+// only.
+constexpr int64_t kBackwardMaxBlocks = 792;
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
@@ -780,25 +784,6 @@ __device__ __forceinline__ int merge_token_offset(int e, int W, int C) {
   return ((k & 1) * W + (k >> 1)) * C + (e - k * C);
 }
 
-// VEC consecutive f32 values at p, 16-byte aligned (VEC a multiple of 4), and the store back.
-template <int VEC>
-__device__ __forceinline__ void load_f32(float (&v)[VEC], const float *p) {
-  static_assert(VEC % 4 == 0, "whole float4s");
-#pragma unroll
-  for (int q = 0; q < VEC / 4; q++) {
-    const float4 f = reinterpret_cast<const float4 *>(p)[q];
-    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-  }
-}
-template <int VEC>
-__device__ __forceinline__ void store_f32(float *p, const float (&v)[VEC]) {
-  static_assert(VEC % 4 == 0, "whole float4s");
-#pragma unroll
-  for (int q = 0; q < VEC / 4; q++)
-    reinterpret_cast<float4 *>(p)[q] =
-        make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-}
-
 // (The bound of 3 resident blocks only steers ptxas's register allocation: with the thread bound
 // alone it kept the 3-vector shapes at 48 registers and spilled a pointer; all shapes need < 85.)
 template <typename T, int VEC, int MAXV, int LANES>
@@ -843,8 +828,8 @@ __global__ void __launch_bounds__(kForwardThreads, 3)
     const int e = (k * LANES + sl) * VEC;
     if (e >= C4) continue;
     float wv[VEC], bv[VEC], yv[VEC];
-    load_f32<VEC>(wv, weight + e);
-    load_f32<VEC>(bv, bias + e);
+    load_vec<float, VEC>(wv, weight + e);
+    load_vec<float, VEC>(bv, bias + e);
 #pragma unroll
     for (int i = 0; i < VEC; i++) yv[i] = (v[k][i] - m) * r * wv[i] + bv[i];
     store_vec<T, VEC>(y + e, yv);
@@ -919,7 +904,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       float xh[VEC], dyv[VEC], wv[VEC];
       unpack_vec<T, VEC>(xh, x_raw[k]);
       unpack_vec<T, VEC>(dyv, dy_raw[k]);
-      load_f32<VEC>(wv, weight + e);
+      load_vec<float, VEC>(wv, weight + e);
 #pragma unroll
       for (int i = 0; i < VEC; i++) {
         xh[i] = (xh[i] - m) * r;
@@ -941,13 +926,13 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       float xv[VEC], dyv[VEC], wv[VEC], dx[VEC];
       unpack_vec<T, VEC>(xv, x_raw[k]);
       unpack_vec<T, VEC>(dyv, dy_raw[k]);
-      load_f32<VEC>(wv, weight + e);
+      load_vec<float, VEC>(wv, weight + e);
 #pragma unroll
       for (int i = 0; i < VEC; i++) {
         const float xhat = (xv[i] - m) * r;
         dx[i] = r * (dyv[i] * wv[i] - mean_g - xhat * mean_gx);
       }
-      store_f32<VEC>(dtokens + first + offset[k], dx);
+      store_vec<float, VEC>(dtokens + first + offset[k], dx);
     }
   }
   store_slot_partials<VEC, MAXV, LANES>(partial, reinterpret_cast<float *>(shared_f4), dw, db, 2, 0,
