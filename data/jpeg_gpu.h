@@ -18,7 +18,9 @@
 //
 // GPU memory: nvJPEG allocates its own scratch (cudaMalloc, cudaHostAlloc: its default
 // allocators) per handle; the output buffers here are grow-only, so after the first batches a
-// worker allocates nothing. Without nvJPEG in the build (SWIN_HAVE_NVJPEG unset) every
+// worker allocates nothing (growing frees and allocates, which waits for the device: should
+// the trainer ever capture CUDA graphs, it must capture in cudaStreamCaptureModeThreadLocal).
+// Without nvJPEG in the build (SWIN_HAVE_NVJPEG unset) every
 // function below exists: jpeg_gpu_built is false and jpeg_gpu_create fails saying so.
 #pragma once
 #include <stdbool.h>
