@@ -759,6 +759,19 @@ static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uin
                    ds->describe, why);
 }
 
+// The transform of a decoded file image (h, w, chans) of sample source, drawn from rng (keyed
+// by the sample asked for, so a replaced sample is as deterministic as any), and its label.
+static void transform_image(const Dataset *ds, int64_t source, const uint8_t *img, int h, int w,
+                            bool train, Rng *rng, uint8_t *pixels, int *label) {
+  if (train) {
+    transform_train(&ds->transform, img, h, w, rng, pixels);
+    transform_train_color(&ds->transform, pixels, ds->transform.chans, rng);
+  } else {
+    transform_eval(&ds->transform, img, h, w, pixels);
+  }
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
+}
+
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err) {
   if (i < 0 || i >= ds->n) {
@@ -790,14 +803,35 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   int w = 0, h = 0;
   uint8_t *img = NULL;
   if (load_image_or_next(ds, i, &source, &img, &h, &w, err) != 0) return -1;
-  // The augmentation draws stay keyed by i, so a replaced sample is as deterministic as any.
-  if (train) {
-    transform_train(&ds->transform, img, h, w, &rng, pixels);
-    transform_train_color(&ds->transform, pixels, ds->transform.chans, &rng);
-  } else {
-    transform_eval(&ds->transform, img, h, w, pixels);
-  }
+  transform_image(ds, source, img, h, w, train, &rng, pixels, label);
   image_free(img);
-  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
+  return 0;
+}
+
+bool dataset_has_files(const Dataset *ds) {
+  return ds->kind == DATASET_IMAGEFOLDER || ds->kind == DATASET_SHARDS;
+}
+
+int dataset_channels(const Dataset *ds) {
+  return ds->transform.chans;
+}
+
+uint8_t *dataset_sample_file(const Dataset *ds, int64_t i, size_t *size) {
+  *size = 0;
+  if (i < 0 || i >= ds->n || !dataset_has_files(ds)) return NULL;
+  if (ds->skip_bad && is_known_bad(ds, i)) return NULL;
+  Error read_err;
+  return ds->kind == DATASET_SHARDS ? shards_read(&ds->shards, i, size, &read_err)
+                                    : read_file(ds->paths[i], size, &read_err);
+}
+
+int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
+                                int64_t epoch, const uint8_t *img, int h, int w, uint8_t *pixels,
+                                int *label, Error *err) {
+  if (i < 0 || i >= ds->n || !dataset_has_files(ds))
+    return error_set(err, "%s: sample %lld has no image file to have been decoded", ds->describe,
+                     (long long)i);
+  Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
+  transform_image(ds, i, img, h, w, train, &rng, pixels, label);
   return 0;
 }

@@ -171,28 +171,29 @@ static bool png_chunks_ok(const uint8_t *p, size_t size, char *why, size_t why_s
   return true;
 }
 
-uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
-                      size_t why_size) {
+int image_check(const uint8_t *file, size_t size, int *h, int *w, bool *jpeg, char *why,
+                size_t why_size) {
   int file_chans = 0;
+  *jpeg = false;
   if (size > INT_MAX) {
     snprintf(why, why_size, "the file is %zu bytes, over the decoder's 2 GB limit", size);
-    return NULL;
+    return -1;
   }
   // Before stbi_info, which reads the Huffman tables in front of the frame header too.
   if (!jpeg_tables_ok(file, size)) {
     snprintf(why, why_size, "corrupt JPEG: a Huffman table has more than 256 codes");
-    return NULL;
+    return -1;
   }
-  if (!png_chunks_ok(file, size, why, why_size)) return NULL;
+  if (!png_chunks_ok(file, size, why, why_size)) return -1;
   if (!stbi_info_from_memory(file, (int)size, w, h, &file_chans)) {
     const char *reason = stbi_failure_reason();
     snprintf(why, why_size, "%s", reason ? reason : "not a JPEG or PNG image");
-    return NULL;
+    return -1;
   }
   if ((int64_t)*w * *h > IMAGE_MAX_PIXELS) {
     snprintf(why, why_size, "the image is %dx%d, over the limit of %lld pixels", *w, *h,
              (long long)IMAGE_MAX_PIXELS);
-    return NULL;
+    return -1;
   }
   // Every 8x8 block of a JPEG codes at least its DC term, a Huffman code of at least one bit,
   // so a valid file holds at least w * h / 512 bytes. stb decodes a shorter (truncated) one
@@ -203,8 +204,17 @@ uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *
     snprintf(why, why_size,
              "truncated JPEG: a %dx%d image needs at least %lld bytes, the file has %zu", *w, *h,
              (long long)((int64_t)*w * *h / 512), size);
-    return NULL;
+    return -1;
   }
+  *jpeg = is_jpeg(file, size);
+  return 0;
+}
+
+uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
+                      size_t why_size) {
+  bool jpeg;
+  if (image_check(file, size, h, w, &jpeg, why, why_size) != 0) return NULL;
+  int file_chans = 0;
   uint8_t *pixels = stbi_load_from_memory(file, (int)size, w, h, &file_chans, chans);
   if (!pixels) {
     const char *reason = stbi_failure_reason();

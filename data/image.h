@@ -2,6 +2,7 @@
 // stb_image, behind checks that keep damaged or hostile files away from what the decoder
 // mishandles (see image.c).
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,3 +17,9 @@
 uint8_t *image_decode(const uint8_t *file, size_t size, int chans, int *h, int *w, char *why,
                       size_t why_size);
 void image_free(uint8_t *pixels);
+
+// The checks image_decode makes before it decodes, alone: 0 with the size in (*h, *w) and
+// whether the file is a JPEG, or -1 with the reason image_decode would give. The GPU decoder
+// (data/jpeg_gpu.h) takes only files that pass, so a damaged file meets stb and its messages.
+int image_check(const uint8_t *file, size_t size, int *h, int *w, bool *jpeg, char *why,
+                size_t why_size);

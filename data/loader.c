@@ -6,11 +6,16 @@
 // batch's sample indices out of the epoch's permutation (under the lock), then decodes and
 // transforms without the lock. Each sample's pixels depend only on (seed, epoch, sample index),
 // so the output never depends on how many workers there are or which one ran first.
+//
+// With gpu_decode each worker owns an nvJPEG decoder (data/jpeg_gpu.h): it reads its batch's
+// files, decodes the JPEGs nvJPEG takes in one batched call, and transforms every sample as
+// the stb path does; the rest (PNGs, progressive JPEGs, damaged files) take the stb path itself.
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "src/rng.h"
@@ -31,6 +36,15 @@ typedef struct {
   Error err;
 } Slot;
 
+// What one worker thread owns: its GPU decoder (gpu_decode) and that decoder's per-batch lists.
+typedef struct {
+  Loader *loader;
+  JpegGpu *jpeg;         // NULL: stb only
+  uint8_t **files;       // (batch_size) the batch's files as read, NULL where there is none
+  size_t *file_sizes;    // (batch_size)
+  JpegGpuImage *images;  // (batch_size) what nvJPEG decoded
+} Worker;
+
 struct Loader {
   const Dataset *ds;
   LoaderOptions opt;
@@ -43,6 +57,7 @@ struct Loader {
   size_t sample_bytes;
   Slot *slots;         // (prefetch)
   pthread_t *threads;  // (workers)
+  Worker *workers;     // (workers)
   int threads_started;
 
   pthread_mutex_t mu;  // guards everything below and every slot's state
@@ -124,8 +139,36 @@ static int fill(Loader *L, Slot *sl) {
   return 0;
 }
 
+// fill with the GPU decoder: the batch's JPEGs in one nvJPEG call, then the same per-sample
+// transforms; a sample nvJPEG left alone goes through dataset_load_sample (stb) unchanged.
+static int fill_gpu(Loader *L, Slot *sl, Worker *wk) {
+  Batch *b = &sl->batch;
+  for (int j = 0; j < b->count; j++)
+    wk->files[j] = dataset_sample_file(L->ds, sl->samples[j], &wk->file_sizes[j]);
+  int rc = jpeg_gpu_decode(wk->jpeg, (const uint8_t *const *)wk->files, wk->file_sizes, b->count,
+                           wk->images, &sl->err);
+  for (int j = 0; j < b->count && rc == 0; j++) {
+    const JpegGpuImage *im = &wk->images[j];
+    uint8_t *pixels = b->pixels + (size_t)j * L->sample_bytes;
+    rc = im->pixels ? dataset_load_decoded_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed,
+                                                  b->epoch, im->pixels, im->h, im->w, pixels,
+                                                  &b->labels[j], &sl->err)
+                    : dataset_load_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed,
+                                          b->epoch, pixels, &b->labels[j], &sl->err);
+  }
+  for (int j = 0; j < b->count; j++) {
+    free(wk->files[j]);
+    wk->files[j] = NULL;
+  }
+  if (rc != 0)
+    return error_prefix(&sl->err, "loader: batch %lld of epoch %lld: ", (long long)b->index,
+                        (long long)b->epoch);
+  return 0;
+}
+
 static void *worker_main(void *arg) {
-  Loader *L = arg;
+  Worker *wk = arg;
+  Loader *L = wk->loader;
   pthread_mutex_lock(&L->mu);
   for (;;) {
     if (L->stop || L->next_claim >= L->total) break;
@@ -138,7 +181,7 @@ static void *worker_main(void *arg) {
     L->next_claim++;
     claim(L, sl, s);
     pthread_mutex_unlock(&L->mu);
-    int rc = fill(L, sl);
+    int rc = wk->jpeg ? fill_gpu(L, sl, wk) : fill(L, sl);
     pthread_mutex_lock(&L->mu);
     sl->state = rc == 0 ? SLOT_READY : SLOT_FAILED;
     pthread_cond_broadcast(&L->batch_done);
@@ -232,9 +275,25 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
       return -1;
     }
   }
+  L->workers = calloc_check((size_t)opt->workers, sizeof(Worker));
+  bool gpu_decode = opt->gpu_decode && dataset_has_files(ds);
+  for (int i = 0; i < opt->workers; i++) {
+    Worker *wk = &L->workers[i];
+    wk->loader = L;
+    if (!gpu_decode) continue;
+    // Created here, on the caller's thread and CUDA device, so a failure is loader_create's.
+    if (jpeg_gpu_create(&wk->jpeg, opt->batch_size, dataset_channels(ds), err) != 0) {
+      error_prefix(err, "loader: worker %d of %d: ", i + 1, opt->workers);
+      loader_destroy(L);
+      return -1;
+    }
+    wk->files = calloc_check((size_t)opt->batch_size, sizeof *wk->files);
+    wk->file_sizes = calloc_check((size_t)opt->batch_size, sizeof *wk->file_sizes);
+    wk->images = calloc_check((size_t)opt->batch_size, sizeof *wk->images);
+  }
   L->threads = calloc_check((size_t)opt->workers, sizeof(pthread_t));
   for (int i = 0; i < opt->workers; i++) {
-    int rc = pthread_create(&L->threads[i], NULL, worker_main, L);
+    int rc = pthread_create(&L->threads[i], NULL, worker_main, &L->workers[i]);
     if (rc != 0) {
       error_set(err, "loader: cannot start worker thread %d of %d: %s\nHINT: lower data.workers",
                 i + 1, opt->workers, strerror(rc));
@@ -311,6 +370,13 @@ void loader_destroy(Loader *L) {
     free(L->slots[i].samples);
   }
   free(L->slots);
+  for (int i = 0; L->workers && i < L->opt.workers; i++) {
+    jpeg_gpu_destroy(L->workers[i].jpeg);
+    free(L->workers[i].files);
+    free(L->workers[i].file_sizes);
+    free(L->workers[i].images);
+  }
+  free(L->workers);
   free(L->threads);
   free(L->perm);
   pthread_cond_destroy(&L->slot_freed);

@@ -50,6 +50,18 @@ void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int r
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err);
 
+// For the loader's GPU decode (data/jpeg_gpu.h). dataset_sample_file: sample i's file as read
+// (malloc'ed, *size bytes), or NULL when there is none to decode (Fashion-MNIST, synthetic, a
+// file data.skip_bad knows is bad, a read error: dataset_load_sample then reports it).
+// dataset_load_decoded_sample: dataset_load_sample with sample i's own file already decoded to
+// img (h, w, in_chans); the transform and its draws are the same.
+bool dataset_has_files(const Dataset *ds);  // ImageFolder and shards: images as JPEG/PNG files
+int dataset_channels(const Dataset *ds);    // channels of every sample (model.in_chans)
+uint8_t *dataset_sample_file(const Dataset *ds, int64_t i, size_t *size);
+int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
+                                int64_t epoch, const uint8_t *img, int h, int w, uint8_t *pixels,
+                                int *label, Error *err);
+
 typedef struct {
   uint8_t *pixels;   // (count, img_h, img_w, in_chans)
   int *labels;       // (count)
@@ -66,6 +78,10 @@ typedef struct {
   int workers, prefetch;
   int rank, world;
   int64_t start_epoch, start_batch;  // resume position: the first batch to produce
+  // Decode each batch's JPEG files with nvJPEG, one decoder per worker (data/jpeg_gpu.h), on
+  // the CUDA device current when loader_create runs; PNGs and what nvJPEG does not take go to
+  // stb_image. Only ImageFolder and shards have files; other datasets ignore it.
+  bool gpu_decode;
   // Buffer allocator (NULL: malloc/free); the CUDA backend passes cudaHostAlloc/cudaFreeHost.
   void *(*alloc)(size_t bytes);
   void (*release)(void *ptr);

@@ -3,31 +3,43 @@
 // rand-m9-mstd0.5-inc1, into uint8 batches (the per-batch half, erasing and mixup, runs on the
 // normalized batch in the training step, on the GPU).
 //
-// Build (repo root, after cmake --build build; not part of the CMake build):
+// Build (repo root, after cmake --build build; not part of the CMake build of a CPU tree):
 //   gcc -std=c11 -O3 -march=native -fopenmp -I. -I/usr/include/stb scripts/bench_loader.c
 //       build/libswincore.a -lm -lpthread -o /tmp/bench_loader
+// A build with nvJPEG makes it itself (BUILD/bench_loader), linked with the CUDA libraries.
 // Run:
 //   /tmp/bench_loader ROOT imagefolder|shards WORKERS [BATCHES=40] [full|plain] [BATCH=128]
-// ROOT holds train/ (an ImageFolder, or *.tar shards); "plain" leaves out RandAugment. Prints
-// one line: the workers, the recipe and img/s over BATCHES batches after 2 warm-up batches.
+//                     [stb|nvjpeg]
+// ROOT holds train/ (an ImageFolder, or *.tar shards); "plain" leaves out RandAugment; nvjpeg
+// decodes each batch's JPEGs on the GPU (data/jpeg_gpu.h). Prints one line: the decoder, the
+// workers, the recipe and img/s over BATCHES batches after 2 warm-up batches.
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "src/config.h"
 #include "src/util.h"
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROOT imagefolder|shards WORKERS [BATCHES] [full|plain] [BATCH]\n",
+    fprintf(stderr,
+            "usage: %s ROOT imagefolder|shards WORKERS [BATCHES] [full|plain] [BATCH] "
+            "[stb|nvjpeg]\n",
             argv[0]);
     return 2;
   }
   int workers = atoi(argv[3]), batches = argc > 4 ? atoi(argv[4]) : 40;
   bool full = argc <= 5 || strcmp(argv[5], "plain") != 0;
   int batch = argc > 6 ? atoi(argv[6]) : 128;
+  bool nvjpeg = argc > 7 && strcmp(argv[7], "nvjpeg") == 0;
+  if (nvjpeg && !jpeg_gpu_built()) {
+    fprintf(stderr,
+            "error: this build has no nvJPEG (use BUILD/bench_loader of a build that has)\n");
+    return 1;
+  }
   Config cfg;
   config_defaults(&cfg);
   snprintf(cfg.path, sizeof cfg.path, "%s", argv[1]);
@@ -46,7 +58,8 @@ int main(int argc, char **argv) {
                        .workers = workers,
                        .prefetch = workers + 2,
                        .rank = 0,
-                       .world = 1};
+                       .world = 1,
+                       .gpu_decode = nvjpeg};
   Loader *L;
   if (loader_create(&L, ds, &opt, &err) != 0) {
     fprintf(stderr, "error: %s\n", err.msg);
@@ -65,7 +78,8 @@ int main(int argc, char **argv) {
     if (i >= 2) done += b->count;
   }
   double dt = time_now_s() - t0;
-  printf("swin.c loader  %-11s workers %2d  %s  %5d images  %8.1f img/s\n", argv[2], workers,
+  printf("swin.c loader  %-11s %-6s workers %2d  %s  %5d images  %8.1f img/s\n", argv[2],
+         nvjpeg ? "nvjpeg" : "stb", workers,
          full ? "RRC+flip+RandAugment (bicubic)" : "RRC+flip (bicubic)", done, done / dt);
   loader_destroy(L);
   dataset_close(ds);

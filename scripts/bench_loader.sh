@@ -5,6 +5,10 @@
 #
 #   bash scripts/bench_loader.sh [DATA_DIR=/tmp/bench_jpegs] [WORKERS="1 2 4 8 16"] [BATCHES=40]
 #
+# DECODERS="stb nvjpeg" also times the loader with nvJPEG decoding on the GPU (data.decoder =
+# nvjpeg) at every worker count: it needs BUILD= a build that found nvJPEG (it then has its own
+# bench_loader); TORCH=0 leaves out PyTorch's half.
+#
 # Needs a built tree (cmake --build build; BUILD= names another build directory) and, for the
 # PyTorch half and the JPEGs, python3 with torch, torchvision, timm, numpy and Pillow (PYTHON=
 # picks the interpreter). First prints one thread's time per image by stage
@@ -23,16 +27,39 @@ if [ ! -d "$data-shards/train" ]; then
   "$py" scripts/make_shards.py "$data" "$data-shards" --samples-per-shard 500
 fi
 stb=$(dirname "$(find /usr/include .deps -name stb_image.h 2>/dev/null | head -1)")
-lib=${BUILD:-build}/libswincore.a
-for tool in bench_loader profile_loader; do
+build=${BUILD:-build}
+lib=$build/libswincore.a
+decoders=${DECODERS:-stb}
+bench=/tmp/bench_loader
+if [ -x "$build/bench_loader" ]; then
+  # A build with nvJPEG links the benchmark itself (with the CUDA libraries).
+  # profile_loader (one CPU thread's stages) is a CPU build's: a plain gcc line, as below.
+  bench=$build/bench_loader
+  tools=""
+elif [ "$decoders" != stb ]; then
+  echo "error: DECODERS=\"$decoders\" needs a build that found nvJPEG ($build has no bench_loader)" >&2
+  echo "HINT: cmake -S . -B build-gpu -G Ninja -DSWIN_CUDA=ON && cmake --build build-gpu, then BUILD=build-gpu" >&2
+  exit 1
+else
+  tools="bench_loader profile_loader"
+fi
+for tool in $tools; do
   gcc -std=c11 -O3 -march=native -fopenmp -I. -I"$stb" scripts/$tool.c "$lib" -lm -lpthread \
     -o /tmp/$tool
 done
-/tmp/profile_loader "$data" 300
+if [ -n "$tools" ]; then
+  /tmp/profile_loader "$data" 300
+fi
 echo "# $(nproc) cores, $(find "$data/train" -name "*.jpg" | wc -l) training JPEGs in $data"
 for w in $workers; do
-  /tmp/bench_loader "$data" imagefolder "$w" "$batches" full
-  "$py" scripts/bench_loader_torch.py "$data" "$w" --batches "$batches"
+  for d in $decoders; do
+    "$bench" "$data" imagefolder "$w" "$batches" full 128 "$d"
+  done
+  if [ "${TORCH:-1}" != 0 ]; then
+    "$py" scripts/bench_loader_torch.py "$data" "$w" --batches "$batches"
+  fi
 done
 last=${workers##* }
-/tmp/bench_loader "$data-shards" shards "$last" "$batches" full
+for d in $decoders; do
+  "$bench" "$data-shards" shards "$last" "$batches" full 128 "$d"
+done

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/jpeg_gpu.h"
 #include "data/randaugment.h"
 #include "src/config_keys.h"
 
@@ -268,6 +269,12 @@ static const ConfigKey config_keys[] = {
      "imagefolder: true replaces an image that does not decode by the next one in the split that "
      "does (each bad file is named in the log and counted); false stops with its path",
      SCALAR(skip_bad)},
+    {"data.decoder", KEY_ENUM, "auto",
+     "JPEG decoder of imagefolder and shards images: nvjpeg (the GPU's, a batch per loader "
+     "worker; PNGs and progressive or CMYK JPEGs still go to stb), stb (stb_image on the CPU) "
+     "or auto (nvjpeg when the build has it and device is cuda, else stb); pixels differ by a "
+     "few levels between the two",
+     TEXT(decoder), .choices = "auto|stb|nvjpeg"},
 
     // [ckpt]
     {"ckpt.every", KEY_INT, "0", "steps between checkpoints; 0 = at the end of every epoch",
@@ -1189,6 +1196,17 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "train.cuda_graphs=on needs the CUDA backend, but device=cpu\n"
                      "HINT: set train.cuda_graphs=auto (on wherever it is supported) or off, or "
                      "device=cuda");
+  if (strcmp(c->decoder, "nvjpeg") == 0 && !jpeg_gpu_built())
+    return error_set(err,
+                     "data.decoder = nvjpeg, but this build has no nvJPEG (CMake did not find "
+                     "nvjpeg.h and libnvjpeg next to the CUDA toolkit)\n"
+                     "HINT: set data.decoder=auto or stb, or rebuild with the CUDA toolkit's "
+                     "nvJPEG (cmake -DSWIN_CUDA=ON, -DNVJPEG_ROOT=DIR for another copy)");
+  if (strcmp(c->decoder, "nvjpeg") == 0 && c->in_chans != 1 && c->in_chans != 3)
+    return error_set(err,
+                     "data.decoder = nvjpeg decodes to gray or RGB, but model.in_chans is %d\n"
+                     "HINT: set data.decoder=stb (or auto) or model.in_chans=1 or 3",
+                     c->in_chans);
   RandAugmentPolicy randaugment;
   if (randaugment_parse(&randaugment, c->randaugment, err) != 0) return -1;
   if ((randaugment.enabled || c->color_jitter > 0) && c->in_chans != 1 && c->in_chans != 3)

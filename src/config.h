@@ -82,7 +82,8 @@ typedef struct {
   int shuffle_buffer;          // shards: samples held by the shuffle buffer
   int train_limit;             // > 0: use only the first N training samples (tests, quick runs)
   int val_limit;
-  bool skip_bad;  // imagefolder: replace an image that does not decode instead of stopping
+  bool skip_bad;     // imagefolder: replace an image that does not decode instead of stopping
+  char decoder[16];  // "auto", "stb" or "nvjpeg": who decodes JPEG files (data/jpeg_gpu.h)
 
   // [ckpt]
   int ckpt_every;  // steps between checkpoints; 0 = at the end of every epoch

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "data/batch_augment.h"
+#include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "dist/reducer.h"
 #include "optim/schedule.h"
@@ -465,6 +466,11 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   if (dist_select_device(comm, cfg, err) != 0) return -1;
   if (backend_create(&t->be, cfg->device, cfg->precision, err) != 0) return -1;
   if (comm->mpi && train_check_same_device(comm, &t->be, err) != 0) return -1;
+  // data.decoder = auto takes nvJPEG where it can serve: in the build, on the GPU, gray or RGB.
+  bool gpu_decode = strcmp(cfg->decoder, "nvjpeg") == 0 ||
+                    (strcmp(cfg->decoder, "auto") == 0 && jpeg_gpu_built() &&
+                     t->be.device == DEVICE_CUDA && (cfg->in_chans == 1 || cfg->in_chans == 3));
+  t->train_opt.gpu_decode = t->eval_opt.gpu_decode = gpu_decode;
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
@@ -485,6 +491,10 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
     return config_error_where(cfg, err);
   }
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
+  if (dataset_has_files(t->train_set))
+    printf("decoder: %s%s\n",
+           gpu_decode ? "nvjpeg (stb for PNGs and what nvJPEG does not take)" : "stb",
+           strcmp(cfg->decoder, "auto") == 0 ? " (data.decoder=auto)" : "");
 
   int max_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
                                                                    : t->eval_opt.batch_size;

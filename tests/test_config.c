@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/jpeg_gpu.h"
 #include "src/config.h"
 #include "src/config_keys.h"
 #include "tests/test_util.h"
@@ -85,7 +86,8 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME_STR(dataset); SAME_STR(path); SAME(workers); SAME(prefetch); SAME(num_mean);
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
-  SAME(train_limit); SAME(val_limit); SAME(skip_bad); SAME(ckpt_every); SAME(ckpt_keep);
+  SAME(train_limit); SAME(val_limit); SAME(skip_bad); SAME_STR(decoder); SAME(ckpt_every);
+  SAME(ckpt_keep);
   SAME(bucket_mb); SAME_STR(reduce_dtype); SAME(timeout_s);
   return NULL;
 #undef SAME_STR
@@ -124,7 +126,8 @@ static void test_defaults(void) {
        c.prefetch == 4 && c.num_mean == 3 && floats_equal(c.mean, imagenet_mean, 4) &&
        floats_equal(c.std, imagenet_std, 4) && c.scale_min == 0.08f && c.scale_max == 1.0f &&
        c.ratio_min == 0.75f && c.ratio_max == 1.3333333f && c.hflip == 0.5f &&
-       c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0 && !c.skip_bad;
+       c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0 && !c.skip_bad &&
+       strcmp(c.decoder, "auto") == 0;
   test_check(ok, "defaults: [data]");
   test_check(c.ckpt_every == 0 && c.ckpt_keep == 3, "defaults: [ckpt]");
   test_check(c.bucket_mb == 25.0f && strcmp(c.reduce_dtype, "fp32") == 0 && c.timeout_s == 300.0f,
@@ -468,8 +471,26 @@ static void test_validate_errors(void) {
               VALIDATE_WITH(&err, "device=cpu", "dist.reduce_dtype=bf16"), &err,
               "dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but device = cpu",
               "HINT: set dist.reduce_dtype=fp32");
+  check_ok("data.decoder=stb", VALIDATE_WITH(&err, "data.decoder=stb"), &err);
+  if (jpeg_gpu_built()) {
+    check_ok("data.decoder=nvjpeg (the build has nvJPEG)",
+             VALIDATE_WITH(&err, "data.decoder=nvjpeg"), &err);
+  } else {
+    CHECK_ERROR("data.decoder=nvjpeg without nvJPEG in the build",
+                VALIDATE_WITH(&err, "data.decoder=nvjpeg"), &err,
+                "data.decoder = nvjpeg, but this build has no nvJPEG",
+                "HINT: set data.decoder=auto or stb");
+  }
+  CHECK_ERROR("data.decoder=nvjpeg with 2 channels",
+              VALIDATE_WITH(&err, "data.decoder=nvjpeg", "model.in_chans=2", "data.mean=0.5",
+                            "data.std=0.5"),
+              &err, jpeg_gpu_built() ? "decodes to gray or RGB" : "this build has no nvJPEG",
+              "HINT: set data.decoder");
   Config d;
   config_defaults(&d);
+  CHECK_ERROR("data.decoder is auto, stb or nvjpeg",
+              config_apply_override(&d, "data.decoder=libjpeg", &err), &err,
+              "bad value 'libjpeg' for key 'data.decoder'", "auto, stb, nvjpeg");
   CHECK_ERROR("reduce_dtype fp16 is not a choice",
               config_apply_override(&d, "dist.reduce_dtype=fp16", &err), &err,
               "bad value 'fp16' for key 'dist.reduce_dtype'", "fp32, bf16");

@@ -17,6 +17,7 @@
 #endif
 
 #include "data/image.h"
+#include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "src/rng.h"
@@ -1182,6 +1183,51 @@ static void test_loader_error_path(void) {
   dataset_close(ds);
 }
 
+// LoaderOptions.gpu_decode: datasets without files ignore it (synthetic: the same bytes); with
+// files, a build without nvJPEG refuses it at loader_create and says why. The nvJPEG path itself
+// is tests/test_gpu_jpeg.c's.
+static void test_gpu_decode_option(void) {
+  Config cfg = make_config("synthetic", "", 8, 8, 3);
+  cfg.train_limit = 32;
+  cfg.num_classes = 10;
+  Dataset *ds = NULL;
+  Error err = {{0}};
+  if (dataset_open(&ds, &cfg, "train", &err)) {
+    test_check(0, "gpu_decode: open synthetic: %s", err.msg);
+    return;
+  }
+  LoaderOptions o = loader_options(4, true, 2, 2);
+  Run plain = {0}, gpu = {0};
+  int rc = run_loader(ds, o, 3, &plain, &err);
+  o.gpu_decode = true;
+  if (rc == 0) rc = run_loader(ds, o, 3, &gpu, &err);
+  test_check(rc == 0 && plain.n == 3 && gpu.n == 3 &&
+                 memcmp(plain.pixels, gpu.pixels, (size_t)3 * 4 * 8 * 8 * 3) == 0,
+             "gpu_decode: a dataset without files ignores it (same bytes) %s", rc ? err.msg : "");
+  run_free(&plain);
+  run_free(&gpu);
+  dataset_close(ds);
+
+  char root[512];
+  snprintf(root, sizeof root, "%s/folder", tmp_root);
+  cfg = make_config("imagefolder", root, 8, 8, 3);
+  if (dataset_open(&ds, &cfg, "train", &err)) {
+    test_check(0, "gpu_decode: open imagefolder: %s", err.msg);
+    return;
+  }
+  Loader *L = NULL;
+  rc = loader_create(&L, ds, &o, &err);
+  if (!jpeg_gpu_built())
+    check_error(rc, &err, "gpu_decode in a build without nvJPEG", "this build has no nvJPEG",
+                "HINT: set data.decoder=stb");
+  else if (rc != 0)  // an nvJPEG build on a machine without a GPU
+    check_error(rc, &err, "gpu_decode without a GPU", "loader: worker 1 of 2", "HINT");
+  else
+    test_check(1, "gpu_decode: the loader starts with nvJPEG");
+  loader_destroy(L);
+  dataset_close(ds);
+}
+
 // data.skip_bad on the "bad" tree (good.png, trunc.png, x.png) plus a PNG whose header claims
 // 9000x8000 pixels: every bad sample becomes the next one in split order that decodes (wrapping),
 // each bad file is counted once, and batches do not depend on the number of workers.
@@ -1404,6 +1450,7 @@ int main(void) {
   test_color_stage(&r);
   test_loader(&r);
   test_loader_error_path();
+  test_gpu_decode_option();
   test_skip_bad();
   test_image_refusals();
   test_png_forbidden_distance();

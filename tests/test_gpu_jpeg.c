@@ -1,0 +1,431 @@
+// test_gpu_jpeg.c: the nvJPEG decode path (data/jpeg_gpu.h, data.decoder = nvjpeg) against
+// stb_image, the reference: JPEGs written by stb_image_write of several sizes, gray and RGB,
+// 4:2:0 and 4:4:4, decoded in one batch by both; PNGs and damaged JPEGs left to stb; and whole
+// loader epochs, whose bytes must not depend on the number of workers. Skips (77) without nvJPEG
+// in the build or without a GPU.
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data/image.h"
+#include "data/jpeg_gpu.h"
+#include "data/loader.h"
+#include "data/transform.h"
+#include "src/config.h"
+#include "src/util.h"
+#include "tests/test_util.h"
+
+#ifdef SWIN_HAVE_NVJPEG
+#include "src/cuda_util.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include "stb_image_write.h"
+
+// Bounds of nvJPEG against stb on the same file. Both decoders read the same quantized
+// coefficients; they differ only in the inverse steps: the IDCT (stb: 12-bit fixed point,
+// nvJPEG: its own rounding), YCbCr -> RGB (stb: 20-bit fixed point), and chroma upsampling of
+// 4:2:0 (both interpolate: data/jpeg_gpu.c asks nvJPEG for it). Each step rounds to within 1
+// level of the exact value, so the two results stay within a few levels: 6 allows two levels of
+// IDCT difference carried through the colour matrix (Cr -> R weighs 1.402). Most pixels agree
+// or differ by 1, hence a mean below 1 level. These smooth test images keep the upsampling of
+// either decoder close to exact, so the bound tests the IDCT and colour rounding.
+#define MAX_LEVELS 6
+#define MEAN_LEVELS 1.0
+
+static char tmp_root[256];
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(data, 1, n, f) != n) {
+    fprintf(stderr, "cannot write test file %s\n", path);
+    exit(2);
+  }
+  fclose(f);
+}
+
+// Smooth content with a little noise: (h, w, chans), values well inside [0, 255].
+static uint8_t *smooth_image(TestRng *r, int h, int w, int chans) {
+  uint8_t *p = malloc_check((size_t)h * w * chans);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int c = 0; c < chans; c++) {
+        double v =
+            128 + 60 * sin(x / 9.0 + 2 * c) * cos(y / 13.0 - c) + test_rng_uniform(r, -6.0f, 6.0f);
+        p[((size_t)y * w + x) * chans + c] = (uint8_t)lrint(v);
+      }
+  return p;
+}
+
+// stb_image_write subsamples chroma 4:2:0 at quality <= 90 and keeps 4:4:4 above.
+static void write_jpeg(const char *path, TestRng *r, int h, int w, int chans, int quality) {
+  uint8_t *p = smooth_image(r, h, w, chans);
+  if (!stbi_write_jpg(path, w, h, chans, p, quality)) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(2);
+  }
+  free(p);
+}
+
+static uint8_t *read_whole(const char *path, size_t *size) {
+  Error err;
+  uint8_t *f = read_file(path, size, &err);
+  if (!f) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(2);
+  }
+  return f;
+}
+
+// Damages a JPEG the way stb's checks catch it (image_check): the first Huffman table claims
+// 16 x 255 codes, over the 256 a table may hold.
+static void break_huffman(uint8_t *f, size_t size) {
+  for (size_t i = 0; i + 21 < size; i++)
+    if (f[i] == 0xFF && f[i + 1] == 0xC4) {
+      memset(f + i + 5, 255, 16);  // FF C4, length (2 bytes), class/id, then the 16 counts
+      return;
+    }
+  fprintf(stderr, "test: no DHT segment in the JPEG\n");
+  exit(2);
+}
+
+typedef struct {
+  int h, w, chans, quality;
+} JpegCase;
+
+// Every case decoded by nvJPEG in one batch (to 1 and to 3 channels) and by stb, compared.
+static void test_decode_against_stb(TestRng *r) {
+  const JpegCase cases[] = {{17, 23, 3, 90},   {64, 64, 3, 90},   {224, 160, 3, 95},
+                            {375, 500, 3, 90}, {333, 500, 3, 95}, {9, 8, 1, 90},
+                            {64, 48, 1, 95},   {375, 500, 1, 90}};
+  enum { N = sizeof cases / sizeof cases[0] };
+  uint8_t *files[N];
+  size_t sizes[N];
+  for (int k = 0; k < N; k++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/case%d.jpg", tmp_root, k);
+    write_jpeg(path, r, cases[k].h, cases[k].w, cases[k].chans, cases[k].quality);
+    files[k] = read_whole(path, &sizes[k]);
+  }
+  for (int out_chans = 1; out_chans <= 3; out_chans += 2) {
+    Error err = {{0}};
+    JpegGpu *dec = NULL;
+    if (jpeg_gpu_create(&dec, N, out_chans, &err) != 0) {
+      test_check(0, "jpeg_gpu_create(%d channels): %s", out_chans, err.msg);
+      continue;
+    }
+    printf("nvJPEG backend: %s\n", jpeg_gpu_backend(dec));
+    JpegGpuImage out[N];
+    // Twice: the second batch reuses the buffers and the initialized state.
+    for (int round = 0; round < 2; round++) {
+      if (jpeg_gpu_decode(dec, (const uint8_t *const *)files, sizes, N, out, &err) != 0) {
+        test_check(0, "jpeg_gpu_decode: %s", err.msg);
+        break;
+      }
+      for (int k = 0; k < N; k++) {
+        const JpegCase *c = &cases[k];
+        int h = 0, w = 0;
+        char why[256] = "";
+        uint8_t *ref = image_decode(files[k], sizes[k], out_chans, &h, &w, why, sizeof why);
+        // The hardware backend may refuse tiny images (nvjpegDecodeBatchedSupported); stb
+        // then decodes them, which is the design, not a failure.
+        bool hardware = strcmp(jpeg_gpu_backend(dec), "hardware") == 0;
+        if (ref && !out[k].pixels && hardware && (c->h < 64 || c->w < 64)) {
+          printf("note: the hardware backend left %dx%d to stb\n", c->h, c->w);
+          image_free(ref);
+          continue;
+        }
+        if (!ref || !out[k].pixels || out[k].h != h || out[k].w != w) {
+          test_check(0, "case %dx%dx%d q%d -> %d channels: nvJPEG %s %dx%d, stb %dx%d %s", c->h,
+                     c->w, c->chans, c->quality, out_chans, out[k].pixels ? "decoded" : "left it",
+                     out[k].h, out[k].w, h, w, why);
+          if (ref) image_free(ref);
+          continue;
+        }
+        size_t n = (size_t)h * w * out_chans;
+        int worst = 0;
+        double sum = 0;
+        for (size_t i = 0; i < n; i++) {
+          int d = abs((int)out[k].pixels[i] - (int)ref[i]);
+          worst = d > worst ? d : worst;
+          sum += d;
+        }
+        double mean = sum / (double)n;
+        test_check(worst <= MAX_LEVELS && mean < MEAN_LEVELS,
+                   "round %d: %3dx%3dx%d q%d -> %d ch: nvJPEG vs stb max |d| %d (<= %d), mean "
+                   "%.3f (< %.1f)",
+                   round, c->h, c->w, c->chans, c->quality, out_chans, worst, MAX_LEVELS, mean,
+                   MEAN_LEVELS);
+        image_free(ref);
+      }
+    }
+    jpeg_gpu_destroy(dec);
+  }
+  for (int k = 0; k < N; k++) free(files[k]);
+}
+
+// What nvJPEG must leave to stb: a PNG, a corrupt JPEG (a Huffman table stb refuses), bytes that
+// are no image, a missing file (NULL); the good JPEG beside them is still decoded.
+static void test_left_to_stb(TestRng *r) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/good.jpg", tmp_root);
+  write_jpeg(path, r, 96, 128, 3, 90);
+  size_t good_size;
+  uint8_t *good = read_whole(path, &good_size);
+  snprintf(path, sizeof path, "%s/plain.png", tmp_root);
+  uint8_t *pixels = smooth_image(r, 30, 20, 3);
+  stbi_write_png(path, 20, 30, 3, pixels, 20 * 3);
+  free(pixels);
+  size_t png_size;
+  uint8_t *png = read_whole(path, &png_size);
+  uint8_t junk[300];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)test_rng_u64(r);
+  uint8_t *broken = malloc_check(good_size);
+  memcpy(broken, good, good_size);
+  break_huffman(broken, good_size);
+  const uint8_t *files[5] = {good, png, broken, junk, NULL};
+  size_t sizes[5] = {good_size, png_size, good_size, sizeof junk, 0};
+  const char *names[5] = {"JPEG", "PNG", "corrupt JPEG", "junk", "no file"};
+  JpegGpu *dec = NULL;
+  Error err = {{0}};
+  if (jpeg_gpu_create(&dec, 5, 3, &err) != 0) {
+    test_check(0, "jpeg_gpu_create: %s", err.msg);
+  } else {
+    JpegGpuImage out[5];
+    int rc = jpeg_gpu_decode(dec, files, sizes, 5, out, &err);
+    test_check(rc == 0, "a batch of a JPEG, a PNG, a truncated JPEG, junk, no file: %s",
+               rc ? err.msg : "decoded");
+    for (int j = 0; rc == 0 && j < 5; j++)
+      test_check((out[j].pixels != NULL) == (j == 0), "%-15s %s", names[j],
+                 out[j].pixels ? "decoded by nvJPEG" : "left to stb");
+    jpeg_gpu_destroy(dec);
+  }
+  free(good);
+  free(png);
+  free(broken);
+}
+
+// ---- the loader ----
+
+static void make_dir(const char *path) {
+  if (mkdir(path, 0755) != 0) {
+    fprintf(stderr, "cannot create test directory %s\n", path);
+    exit(2);
+  }
+}
+
+// root/{train,val}/{a,b}/: 11 JPEGs of varied sizes (64 pixels a side or more) per class, one PNG
+// in a/, and, when corrupt, one damaged JPEG in b/ (break_huffman).
+static void make_folder(TestRng *r, const char *root, bool corrupt) {
+  char path[1024];
+  make_dir(root);
+  const char *splits[2] = {"train", "val"}, *classes[2] = {"a", "b"};
+  for (int s = 0; s < 2; s++) {
+    snprintf(path, sizeof path, "%s/%s", root, splits[s]);
+    make_dir(path);
+    for (int c = 0; c < 2; c++) {
+      snprintf(path, sizeof path, "%s/%s/%s", root, splits[s], classes[c]);
+      make_dir(path);
+      for (int k = 0; k < 11; k++) {
+        snprintf(path, sizeof path, "%s/%s/%s/img%02d.jpg", root, splits[s], classes[c], k);
+        write_jpeg(path, r, 64 + 13 * k, 120 - 5 * k, 3, k % 2 ? 90 : 95);
+      }
+    }
+    snprintf(path, sizeof path, "%s/%s/a/zz.png", root, splits[s]);
+    uint8_t *pixels = smooth_image(r, 50, 70, 3);
+    stbi_write_png(path, 70, 50, 3, pixels, 70 * 3);
+    free(pixels);
+    if (corrupt) {
+      snprintf(path, sizeof path, "%s/%s/b/bad.jpg", root, splits[s]);
+      write_jpeg(path, r, 64, 64, 3, 90);
+      size_t size;
+      uint8_t *f = read_whole(path, &size);
+      break_huffman(f, size);
+      write_bytes(path, f, size);
+      free(f);
+    }
+  }
+}
+
+typedef struct {
+  uint8_t *pixels;  // (batches * batch, sample bytes)
+  int *labels;
+  int64_t *samples;
+  int batches;
+} Epoch;
+
+static void free_epoch(Epoch *e) {
+  free(e->pixels);
+  free(e->labels);
+  free(e->samples);
+}
+
+static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int batch, Epoch *e,
+                     Error *err) {
+  LoaderOptions o = {.batch_size = batch,
+                     .train = train,
+                     .seed = 7,
+                     .workers = workers,
+                     .prefetch = workers + 1,
+                     .rank = 0,
+                     .world = 1,
+                     .gpu_decode = gpu};
+  Loader *L;
+  if (loader_create(&L, ds, &o, err) != 0) return -1;
+  int64_t per = loader_batches_per_epoch(L);
+  size_t bytes = (size_t)dataset_sample_bytes(ds);
+  *e = (Epoch){calloc_check((size_t)(per * batch) * bytes, 1),
+               calloc_check((size_t)(per * batch), sizeof(int)),
+               calloc_check((size_t)(per * batch), sizeof(int64_t)), (int)per};
+  int rc = 0;
+  for (int64_t k = 0; k < per && rc == 0; k++) {
+    Batch *b;
+    rc = loader_next(L, &b, err);
+    if (rc != 0) break;
+    memcpy(e->pixels + (size_t)k * batch * bytes, b->pixels, (size_t)b->count * bytes);
+    memcpy(e->labels + k * batch, b->labels, sizeof(int) * (size_t)b->count);
+    memcpy(e->samples + k * batch, b->samples, sizeof(int64_t) * (size_t)b->count);
+    loader_release_batch(L, b);
+  }
+  loader_destroy(L);
+  if (rc != 0) free_epoch(e);
+  return rc;
+}
+
+static Config folder_config(const char *root, bool skip_bad) {
+  Config cfg;
+  config_defaults(&cfg);
+  snprintf(cfg.dataset, sizeof cfg.dataset, "imagefolder");
+  snprintf(cfg.path, sizeof cfg.path, "%s", root);
+  cfg.img_h = cfg.img_w = 32;
+  cfg.in_chans = 3;
+  cfg.skip_bad = skip_bad;
+  return cfg;
+}
+
+// decoder=nvjpeg: an epoch with 1 and with 4 workers gives the same bytes (train and eval); the
+// PNG's sample is the same as with stb (stb decodes it either way), and the JPEGs' within the
+// decoders' difference.
+static void test_loader_epochs(TestRng *r) {
+  char root[512];
+  snprintf(root, sizeof root, "%s/folder", tmp_root);
+  make_folder(r, root, false);
+  Config cfg = folder_config(root, false);
+  for (int train = 1; train >= 0; train--) {
+    Dataset *ds = NULL;
+    Error err = {{0}};
+    if (dataset_open(&ds, &cfg, train ? "train" : "val", &err) != 0) {
+      test_check(0, "dataset_open: %s", err.msg);
+      return;
+    }
+    Epoch one, four, stb;
+    int batch = 5;
+    if (run_epoch(ds, 1, true, train, batch, &one, &err) != 0 ||
+        run_epoch(ds, 4, true, train, batch, &four, &err) != 0 ||
+        run_epoch(ds, 2, false, train, batch, &stb, &err) != 0) {
+      test_check(0, "loader epoch: %s", err.msg);
+      dataset_close(ds);
+      return;
+    }
+    size_t bytes = (size_t)dataset_sample_bytes(ds), count = (size_t)one.batches * batch;
+    // Eval's last batch is partial: compare only the samples produced.
+    if (!train) count = (size_t)dataset_size(ds);
+    bool same = memcmp(one.pixels, four.pixels, count * bytes) == 0 &&
+                memcmp(one.labels, four.labels, count * sizeof(int)) == 0;
+    test_check(same, "%s epoch, decoder=nvjpeg: 1 and 4 workers give identical bytes (%zu images)",
+               train ? "train" : "eval", count);
+    // The PNG is the last file of class a: dataset index 11 (a/img00..img10, then zz.png).
+    int64_t png = 11;
+    int worst_png = -1;
+    double sum = 0;
+    for (size_t s = 0; s < count; s++) {
+      const uint8_t *p = one.pixels + s * bytes, *q = stb.pixels + s * bytes;
+      for (size_t i = 0; i < bytes; i++) {
+        int d = abs((int)p[i] - (int)q[i]);
+        sum += d;
+        if (one.samples[s] == png && d > worst_png) worst_png = d;
+      }
+      if (one.samples[s] == png && worst_png < 0) worst_png = 0;
+    }
+    if (worst_png >= 0)
+      test_check(worst_png == 0, "%s epoch: the PNG's sample equals stb's (max |d| %d)",
+                 train ? "train" : "eval", worst_png);
+    else  // training drops the last partial batch, which may hold it
+      printf("note: the PNG is not in this train epoch's full batches\n");
+    double mean = sum / (double)(count * bytes);
+    test_check(mean < MEAN_LEVELS, "%s epoch: nvjpeg vs stb batches, mean |d| %.3f (< %.1f)",
+               train ? "train" : "eval", mean, MEAN_LEVELS);
+    free_epoch(&one);
+    free_epoch(&four);
+    free_epoch(&stb);
+    dataset_close(ds);
+  }
+}
+
+// A damaged JPEG with decoder=nvjpeg: without skip_bad the error names the file as the stb path
+// does; with skip_bad it is replaced and counted, and the epoch still does not depend on workers.
+static void test_loader_bad_file(TestRng *r) {
+  char root[512];
+  snprintf(root, sizeof root, "%s/bad_folder", tmp_root);
+  make_folder(r, root, true);
+  for (int skip = 0; skip <= 1; skip++) {
+    Config cfg = folder_config(root, skip);
+    Dataset *ds = NULL;
+    Error err = {{0}};
+    if (dataset_open(&ds, &cfg, "val", &err) != 0) {
+      test_check(0, "dataset_open: %s", err.msg);
+      return;
+    }
+    Epoch one, four;
+    int rc1 = run_epoch(ds, 1, true, false, 4, &one, &err);
+    if (!skip) {
+      test_check(rc1 != 0 && strstr(err.msg, "bad.jpg") && strstr(err.msg, "data.skip_bad"),
+                 "damaged JPEG, skip_bad=false: %s", rc1 ? err.msg : "no error");
+    } else {
+      int rc4 = rc1 == 0 ? run_epoch(ds, 4, true, false, 4, &four, &err) : -1;
+      size_t n = (size_t)dataset_size(ds), bytes = (size_t)dataset_sample_bytes(ds);
+      test_check(rc1 == 0 && rc4 == 0 && dataset_bad_count(ds) == 1 &&
+                     memcmp(one.pixels, four.pixels, n * bytes) == 0,
+                 "damaged JPEG, skip_bad=true: replaced, %lld bad, 1 and 4 workers equal %s",
+                 (long long)dataset_bad_count(ds), rc1 || rc4 ? err.msg : "");
+      if (rc4 == 0) free_epoch(&four);
+    }
+    if (rc1 == 0) free_epoch(&one);
+    dataset_close(ds);
+  }
+}
+
+int main(void) {
+  if (!cuda_device_available()) {
+    printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_gpu_jpeg_XXXXXX");
+  if (!mkdtemp(tmp_root)) {
+    perror("mkdtemp");
+    return 2;
+  }
+  TestRng r = {20261201};
+  test_decode_against_stb(&r);
+  test_left_to_stb(&r);
+  test_loader_epochs(&r);
+  test_loader_bad_file(&r);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+  if (system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);
+  return test_finish();
+}
+
+#else
+
+int main(void) {
+  printf("SKIP: this build has no nvJPEG (data/jpeg_gpu.h)\n");
+  return 77;
+}
+
+#endif
