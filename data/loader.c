@@ -310,6 +310,13 @@ int64_t loader_batches_per_epoch(const Loader *L) {
   return L->per_epoch;
 }
 
+const char *loader_decoder(const Loader *L) {
+  const JpegGpu *d = L->opt.workers > 0 ? L->workers[0].jpeg : NULL;
+  if (!d) return "stb";
+  return strcmp(jpeg_gpu_backend(d), "hardware") == 0 ? "nvjpeg, hardware backend"
+                                                      : "nvjpeg, gpu backend";
+}
+
 int loader_next(Loader *L, Batch **batch, Error *err) {
   *batch = NULL;
   pthread_mutex_lock(&L->mu);

@@ -92,6 +92,9 @@ typedef struct Loader Loader;
 int loader_create(Loader **loader, const Dataset *ds, const LoaderOptions *opt, Error *err);
 // Batches per epoch for this rank.
 int64_t loader_batches_per_epoch(const Loader *loader);
+// The decoder the workers run: "stb", or "nvjpeg, hardware backend" / "nvjpeg, gpu backend"
+// (data/jpeg_gpu.h; the first worker's, which every worker shares with the same device).
+const char *loader_decoder(const Loader *loader);
 // Blocks until the next batch (in order) is ready; returns 0, or -1 with err (e.g. a corrupt
 // image, naming it). The batch stays valid until loader_release_batch.
 int loader_next(Loader *loader, Batch **batch, Error *err);

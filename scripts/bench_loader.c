@@ -78,9 +78,10 @@ int main(int argc, char **argv) {
     if (i >= 2) done += b->count;
   }
   double dt = time_now_s() - t0;
-  printf("swin.c loader  %-11s %-6s workers %2d  %s  %5d images  %8.1f img/s\n", argv[2],
+  printf("swin.c loader  %-11s %-6s workers %2d  %s  %5d images  %8.1f img/s%s%s\n", argv[2],
          nvjpeg ? "nvjpeg" : "stb", workers,
-         full ? "RRC+flip+RandAugment (bicubic)" : "RRC+flip (bicubic)", done, done / dt);
+         full ? "RRC+flip+RandAugment (bicubic)" : "RRC+flip (bicubic)", done, done / dt,
+         nvjpeg ? "  " : "", nvjpeg ? loader_decoder(L) : "");
   loader_destroy(L);
   dataset_close(ds);
   return 0;

@@ -558,6 +558,9 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   opt.release = be->ops->host_release;
   // Its errors are about batch_size against the split's size (train_limit), workers, prefetch.
   if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return config_error_where(cfg, err);
+  if (strcmp(loader_decoder(t->loader), "stb") != 0)
+    printf("decoder: %s (one decoder per loader worker, %d)\n", loader_decoder(t->loader),
+           opt.workers);
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1) {
     error_set(err,

@@ -277,6 +277,13 @@ static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int b
                      .gpu_decode = gpu};
   Loader *L;
   if (loader_create(&L, ds, &o, err) != 0) return -1;
+  const char *decoder = loader_decoder(L);
+  if (strncmp(decoder, gpu ? "nvjpeg, " : "stb", gpu ? 8 : 4) != 0) {
+    error_set(err, "loader_decoder says '%s' for a loader with gpu_decode %s", decoder,
+              gpu ? "on" : "off");
+    loader_destroy(L);
+    return -1;
+  }
   int64_t per = loader_batches_per_epoch(L);
   size_t bytes = (size_t)dataset_sample_bytes(ds);
   *e = (Epoch){calloc_check((size_t)(per * batch) * bytes, 1),
