@@ -14,6 +14,9 @@
 #   memory: Swin-T's device memory per batch size (BATCHES, default 64 128 256 512 1024 2048) and
 #   the largest of BIG_BATCHES (default 3072 3584 4096 4608) that still runs.
 #   TESTS: a ctest -R regex to run only some gpu tests.
+#   jpeg: the JPEG path's real run, Fashion-MNIST written as 112x112 JPEGs (fashion_mnist_jpegs.py)
+#   and trained with configs/fashion_mnist_jpeg.ini (full recipe, data.decoder=auto) on the GPU;
+#   JPEG_EPOCHS overrides its 30 epochs.
 set -uo pipefail
 out=${OUT:-/tmp/gpu_perf}
 mkdir -p "$out"
@@ -74,6 +77,11 @@ if has detail; then
     -k "regex:${NCU_KERNELS:-layernorm}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-8}" \
     build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}" bench.warmup=1 bench.steps=1
 fi
+if has jpeg; then
+  step jpeg_data 120 python3 scripts/fashion_mnist_jpegs.py /tmp/fashion_mnist_jpeg
+  step jpeg_train 540 build-gpu/swin_train configs/fashion_mnist_jpeg.ini device=cuda \
+    data.path=/tmp/fashion_mnist_jpeg run_dir=/tmp/gpu_perf_jpeg_run train.epochs=${JPEG_EPOCHS:-30}
+fi
 if has tests; then
   step ctest 420 ctest --test-dir build-gpu -L gpu --output-on-failure -j3 ${TESTS:+-R "$TESTS"}
 fi
@@ -89,6 +97,7 @@ for f in "$out"/bench_*.log; do
 done
 [ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
 [ -f "$out/memory.txt" ] && cat "$out/memory.txt"
+[ -f "$out/jpeg_train.log" ] && grep -E '^(decoder|eval|done)' "$out/jpeg_train.log" | tail -4
 [ -f "$out/ctest.log" ] && grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$out/ctest.log"
 [ -f "$out/pytorch.log" ] && sed -n '/== swin.c vs PyTorch/,$p' "$out/pytorch.log"
 printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-14s %-32s %s\n", $1, $2, $3}'
