@@ -1,6 +1,6 @@
 // jpeg_gpu.c: batched JPEG decoding with nvJPEG (data/jpeg_gpu.h), with the nvJPEG C API and
 // the CUDA runtime API only (no kernels of its own). Built everywhere: without nvJPEG
-// (SWIN_HAVE_NVJPEG unset) the functions are stubs that say the build lacks it.
+// (SWIN_HAVE_NVJPEG unset) jpeg_gpu_built is false and jpeg_gpu_create fails, naming the fix.
 #include "data/jpeg_gpu.h"
 
 #include <stdlib.h>

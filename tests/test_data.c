@@ -59,15 +59,6 @@ static void make_dir(const char *fmt, const char *a, const char *b) {
   }
 }
 
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f || fwrite(data, 1, n, f) != n) {
-    fprintf(stderr, "cannot write test file %s\n", path);
-    exit(2);
-  }
-  fclose(f);
-}
-
 static void put_be32(uint8_t *p, uint32_t v) {
   p[0] = (uint8_t)(v >> 24);
   p[1] = (uint8_t)(v >> 16);
@@ -158,17 +149,17 @@ static void write_idx_pair(const char *dir, const char *prefix, const uint8_t *p
     size_t gs;
     uint8_t *g = gzip_stored(img, is, &gs);
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-    write_bytes(path, g, gs);
+    test_write_file(path, g, gs);
     free(g);
     g = gzip_stored(lab, ls, &gs);
     snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
-    write_bytes(path, g, gs);
+    test_write_file(path, g, gs);
     free(g);
   } else {
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
-    write_bytes(path, img, is);
+    test_write_file(path, img, is);
     snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
-    write_bytes(path, lab, ls);
+    test_write_file(path, lab, ls);
   }
   free(img);
   free(lab);
@@ -364,26 +355,26 @@ static void test_idx_files(TestRng *r) {
     snprintf(dir, sizeof dir, "%s/idx_%s", tmp_root, cases[c].name);
     make_dir("%s%s", dir, "");
     snprintf(path, sizeof path, "%s/train-labels-idx1-ubyte", dir);
-    write_bytes(path, lab, ls);
+    test_write_file(path, lab, ls);
     snprintf(path, sizeof path, "%s/train-images-idx3-ubyte%s", dir, c < 2 ? ".gz" : "");
     uint8_t *copy = malloc_check(gs > is ? gs : is);
     if (c == 0) {  // one flipped bit in the stored data: inflates fine, the CRC catches it
       memcpy(copy, gz, gs);
       copy[gs - 20] ^= 0x10;
-      write_bytes(path, copy, gs);
+      test_write_file(path, copy, gs);
     } else if (c == 1) {  // cut in the middle of the deflate stream
-      write_bytes(path, gz, gs / 2);
+      test_write_file(path, gz, gs / 2);
     } else if (c == 2) {
       memcpy(copy, img, is);
       copy[3] = 0x04;
-      write_bytes(path, copy, is);
+      test_write_file(path, copy, is);
     } else if (c == 3) {
-      write_bytes(path, img, is - 1);
+      test_write_file(path, img, is - 1);
     } else {  // 7 images but 6 labels
-      write_bytes(path, img, is);
+      test_write_file(path, img, is);
       uint8_t *lab6 = idx_labels(labels, N - 1, &ls);
       snprintf(path, sizeof path, "%s/train-labels-idx1-ubyte", dir);
-      write_bytes(path, lab6, ls);
+      test_write_file(path, lab6, ls);
       free(lab6);
       snprintf(path, sizeof path, "%s/train-images-idx3-ubyte", dir);
     }
@@ -463,9 +454,9 @@ static void test_imagefolder(TestRng *r) {
   snprintf(path, sizeof path, "%s/train/Emu/e.jpeg", root);
   TestImage e = write_jpg(path, 23, 37, 1);
   snprintf(path, sizeof path, "%s/train/dog/notes.txt", root);
-  write_bytes(path, "not an image", 12);
+  test_write_file(path, "not an image", 12);
   snprintf(path, sizeof path, "%s/train/readme.txt", root);
-  write_bytes(path, "not a class", 11);
+  test_write_file(path, "not a class", 11);
   for (int k = 0; k < 3; k++) {
     snprintf(path, sizeof path, "%s/val/%s/v.png", root, classes[k]);
     TestImage v = write_png(path, r, 9, 11, 3);
@@ -592,12 +583,12 @@ static void test_imagefolder_errors(TestRng *r) {
   size_t png_size = 0;
   uint8_t *png = read_file(path, &png_size, &err);
   snprintf(path, sizeof path, "%s/train/a/trunc.png", root);
-  write_bytes(path, png, png_size / 2);
+  test_write_file(path, png, png_size / 2);
   free(png);
   uint8_t noise[300];
   fill_random(r, noise, sizeof noise, 0, 255);
   snprintf(path, sizeof path, "%s/train/a/x.png", root);
-  write_bytes(path, noise, sizeof noise);
+  test_write_file(path, noise, sizeof noise);
   Config cfg = make_config("imagefolder", root, 8, 8, 3);
   if (test_check(dataset_open(&ds, &cfg, "train", &err) == 0, "imagefolder errors: open")) {
     // Sorted: good.png, trunc.png, x.png
@@ -1240,7 +1231,7 @@ static void test_skip_bad(void) {
                           13,   'I',  'H', 'D', 'R',  0,    0,    0x23, 0x28, 0, 0,
                           0x1F, 0x40, 8,   0,   0,    0,    0,    0,    0,    0, 0};
   snprintf(path, sizeof path, "%s/train/a/y_huge.png", root);
-  write_bytes(path, huge, sizeof huge);
+  test_write_file(path, huge, sizeof huge);
   Config cfg = make_config("imagefolder", root, 8, 8, 3);
   Dataset *ds = NULL;
   Error err = {{0}};
@@ -1292,7 +1283,7 @@ static void test_skip_bad(void) {
   make_dir("%s/%s", root, "train");
   make_dir("%s/%s", root, "train/a");
   snprintf(path, sizeof path, "%s/train/a/x.png", root);
-  write_bytes(path, "not a png", 9);
+  test_write_file(path, "not a png", 9);
   cfg = make_config("imagefolder", root, 8, 8, 3);
   cfg.skip_bad = true;
   if (dataset_open(&ds, &cfg, "train", &err) == 0) {

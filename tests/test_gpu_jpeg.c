@@ -40,15 +40,6 @@
 
 static char tmp_root[256];
 
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f || fwrite(data, 1, n, f) != n) {
-    fprintf(stderr, "cannot write test file %s\n", path);
-    exit(2);
-  }
-  fclose(f);
-}
-
 // Smooth content with a little noise: (h, w, chans), values well inside [0, 255].
 static uint8_t *smooth_image(TestRng *r, int h, int w, int chans) {
   uint8_t *p = malloc_check((size_t)h * w * chans);
@@ -246,7 +237,7 @@ static void make_folder(TestRng *r, const char *root, bool corrupt) {
       size_t size;
       uint8_t *f = read_whole(path, &size);
       break_huffman(f, size);
-      write_bytes(path, f, size);
+      test_write_file(path, f, size);
       free(f);
     }
   }

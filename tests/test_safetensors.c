@@ -52,14 +52,6 @@ static unsigned char *load(const char *path, size_t *size) {
   return bytes;
 }
 
-static void store(const char *path, const unsigned char *bytes, size_t size) {
-  FILE *f = fopen(path, "wb");
-  if (f) {
-    fwrite(bytes, 1, size, f);
-    fclose(f);
-  }
-}
-
 static size_t find_bytes(const unsigned char *hay, size_t n, const char *needle) {
   size_t m = strlen(needle);
   for (size_t i = 0; i + m <= n; i++)
@@ -252,7 +244,7 @@ static void test_python_layout(void) {
   memcpy(data, payload, sizeof payload);
   char path[256];
   tmp_path(path, sizeof path, "python.safetensors");
-  store(path, bytes, 8 + padded + sizeof payload);
+  test_write_file(path, bytes, 8 + padded + sizeof payload);
 
   SafeTensors st;
   Error err = {{0}};
@@ -309,7 +301,7 @@ static void test_malformed(TestRng *rng) {
   // A real file cut to 4 bytes, through the file reader.
   char path[256];
   tmp_path(path, sizeof path, "short.safetensors");
-  store(path, four, 4);
+  test_write_file(path, four, 4);
   SafeTensors st;
   Error err = {{0}};
   int rc = safetensors_read(&st, path, &err);
@@ -573,7 +565,7 @@ static void test_atomic_save(TestRng *rng) {
   mkdir(dir_path, 0755);
   char inner[300];
   snprintf(inner, sizeof inner, "%s/keep", dir_path);
-  store(inner, (const unsigned char *)"k", 1);
+  test_write_file(inner, (const unsigned char *)"k", 1);
   rc = safetensors_writer_save(&w, dir_path, &err);
   snprintf(tmp, sizeof tmp, "%s.tmp", dir_path);
   test_check(rc == -1 && strstr(err.msg, "rename") && !path_exists(tmp) && path_exists(inner),

@@ -17,6 +17,15 @@ typedef struct {
 
 static TestStats test_stats;
 
+// Writes n bytes to path, or ends the test program (exit 2: the test could not set itself up).
+static inline void test_write_file(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+    fprintf(stderr, "cannot write test file %s\n", path);
+    exit(2);
+  }
+}
+
 // splitmix64: a small, seedable generator for test inputs.
 typedef struct {
   uint64_t state;
