@@ -47,6 +47,9 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // relative_position_index guarantees: the backward visits only those rows of dtable.
 #define WINDOW_ATTENTION_CUDA_MAX_N 64
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
+// The most thread blocks a tensor-core backward launches (one wave on the H200), which bounds
+// its scratch: window_attention_backward_cuda_scratch <= this * (N * N + 3 * C / heads) per head.
+#define WINDOW_ATTENTION_CUDA_MAX_BLOCKS 512
 
 // What the forward saves for the backward, in floats: with bf16/f16 and head_dim 16/32/64,
 // N <= 64, the tensor-core kernels keep each query row's log-sum-exp (base 2: of the scores
@@ -63,27 +66,33 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
                                    const float *table, const int *index, const float *mask, int BW,
                                    int nW, int N, int C, int heads, cudaStream_t stream);
 
-// Floats of scratch the backward needs: the SIMT path's dS of every (window, head)
-// (BW * heads * N * N, which may be att itself); the tensor-core path's per-block window sums of
-// dS (about 1024 * N * N).
+// Floats of scratch the backward needs: the tensor-core path's per-block window sums of dS and
+// qkv bias sums (at most WINDOW_ATTENTION_CUDA_MAX_BLOCKS * (N * N + 3 * C / heads)); the SIMT
+// path's column sums of dqkv (column_sums_cuda_scratch(BW * N, 3C), kernels/gemm.h).
 int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads);
 
-// dqkv (BW, N, 3C) overwritten; dtable (rows, heads) accumulated (+=); dout (BW, N, C),
+// dqkv (BW, N, 3C) overwritten; dqkv_bias (3C: the qkv layer's bias gradient, dqkv's column
+// sums) accumulated (+=) unless NULL; dtable (rows, heads) accumulated (+=); dout (BW, N, C),
 // qkv (BW, N, 3C), att from the forward, table, index and mask as in the forward (the
 // tensor-core path recomputes the scores). scratch: window_attention_backward_cuda_scratch
-// floats, overwritten; NULL lets the SIMT path use att (which it then destroys). Otherwise
-// scratch must not overlap att, dqkv, dtable, dout, qkv or index.
+// floats, overwritten, not overlapping any argument. The SIMT path overwrites att (its dS).
 //
-// dtable is deterministic without atomics: the window sums of dS go to scratch (SIMT: every
-// window's dS; tensor cores: each block sums a fixed, strided set of windows of one head), a
-// second kernel sums the rows of scratch per (h, i, j) in a fixed order (double accumulators,
+// dtable is deterministic without atomics: the window sums of dS go to scratch (tensor cores:
+// each block sums a fixed, strided set of windows of one head) or att (SIMT: every window's
+// dS), a second kernel sums their rows per (h, i, j) in a fixed order (double accumulators,
 // stored in fp32 over row 0), and a third adds, per (table row, h), the sums of all (i, j) with
 // that index in a fixed order. Differences from the CPU: the per-(h, i, j) sums are rounded to
 // fp32 before the per-row sum (CPU: double throughout).
-void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
-                                    const void *qkv, float *att, const float *table,
-                                    const int *index, const float *mask, int BW, int nW, int N,
-                                    int C, int heads, float *scratch, cudaStream_t stream);
+//
+// dqkv_bias: the tensor-core kernel sums the columns of dq, dk and dv in f32 as it computes
+// them (before their rounding to dt), per block over its windows, and a second pass adds the
+// blocks in a fixed order; the SIMT path sums the stored dqkv (column_sums_cuda). Either way
+// deterministic.
+void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
+                                    const void *dout, const void *qkv, float *att,
+                                    const float *table, const int *index, const float *mask,
+                                    int BW, int nW, int N, int C, int heads, float *scratch,
+                                    cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

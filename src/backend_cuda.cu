@@ -208,7 +208,10 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   // bias gradient's column sums (GELU's, qkv's, the head's) at most 1024 rows of partials
   // (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer its own.
   int64_t need = 3 * 1024 * (int64_t)n->max_width;
-  int64_t k = 1024 * 64 * 64;  // the tensor-core attention backward's per-block dS sums (at most)
+  // The tensor-core attention backward's per-block dS and qkv bias sums (at most: a block
+  // serves one head, N <= 64, 3 * head_dim <= 3 * max_width).
+  int64_t k = (int64_t)WINDOW_ATTENTION_CUDA_MAX_BLOCKS *
+              (WINDOW_ATTENTION_CUDA_MAX_N * WINDOW_ATTENTION_CUDA_MAX_N + 3 * (int64_t)n->max_width);
   if (k > need) need = k;
   k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
       (int64_t)n->max_batch * n->max_width;
@@ -502,29 +505,16 @@ void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qk
                                 state_of(be)->compute);
 }
 
-// With f32 the backward's dS scratch is the saved probabilities; with bf16/f16 it is backend
-// scratch. The qkv bias gradient is for now a separate column-sum pass over dqkv (counted with
-// the GEMMs' bias gradients), after the attention kernels are done with the scratch.
+// The qkv bias gradient comes out of the attention backward (the tensor-core kernel sums dq,
+// dk and dv's columns as it writes them; kernels/attention.h).
 void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
                              const void *dout, const void *qkv, const float *table,
                              const int *index, const float *mask, float *saved, int BW, int nW,
                              int N, int C, int heads) {
-  CudaState *st = state_of(be);
-  {
-    OpScope scope(be, OP_ATTENTION);
-    int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
-    float *scratch = need == window_attention_saved_floats(be->act, BW, N, C, heads)
-                         ? nullptr
-                         : scratch_of(be, need);
-    window_attention_backward_cuda(be->act, dqkv, dtable, dout, qkv, saved, table, index, mask, BW,
-                                   nW, N, C, heads, scratch, st->compute);
-  }
-  if (dqkv_bias) {
-    OpScope scope(be, OP_GEMM);
-    int64_t rows = (int64_t)BW * N;
-    column_sums_cuda(be->act, dqkv_bias, dqkv, rows, 3 * C,
-                     scratch_of(be, column_sums_cuda_scratch(rows, 3 * C)), st->compute);
-  }
+  OpScope scope(be, OP_ATTENTION);
+  float *scratch = scratch_of(be, window_attention_backward_cuda_scratch(be->act, BW, N, C, heads));
+  window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, saved, table, index,
+                                 mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
 }
 
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/gemm.h"
 #include "src/cuda_util.h"
 
 namespace {
@@ -348,6 +349,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // dtable's summation order, depend on the shapes only.
 constexpr int kTcBackwardBlocksPerSm = 3, kTcForwardBlocksPerSm = 5;
 constexpr int kTcBackwardBlocks = 132 * kTcBackwardBlocksPerSm;
+static_assert(kTcBackwardBlocks <= WINDOW_ATTENTION_CUDA_MAX_BLOCKS, "the scratch bound holds");
+static_assert(kTcWarps * 3 * WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM * sizeof(float) <=
+                  kTcRows * kTcLdP * sizeof(uint16_t),
+              "the backward's per-warp qkv bias sums fit in its P tile");
 constexpr int kTcForwardBlocks = 132 * kTcForwardBlocksPerSm;
 
 template <typename T>
@@ -682,9 +687,59 @@ __device__ __forceinline__ void tc_store_rows(T *__restrict__ dqkv, const float 
   }
 }
 
+// Column sums of a warp's 16-row accumulator tile (acc[nd][c] at row g, + 8 for c >= 2, and
+// channel nd * 8 + 2t + (c & 1)): over the lane's two rows first, then over the 8 lanes of each
+// t (lane bits 4, 3, 2) by halving exchanges: at each bit a lane keeps half of its values and
+// sends its partner the other half, so HD / 4 values need 7 shuffles (HD 32) instead of 3 per
+// value. Afterwards out[i] is the sum of value index tc_sum_first<HD>(lane) + i of the lane's t
+// (value index k: channel (k / 2) * 8 + 2t + k % 2); with HD 16 the lanes differing in bit 2
+// end with the same sums.
+template <int HD>
+constexpr int kTcSumOut = HD / 4 >= 8 ? HD / 32 : 1;
+
+template <int HD>
+__device__ __forceinline__ int tc_sum_first(int lane) {
+  constexpr int V = HD / 4;
+  return ((lane >> 2) & 7) * V / 8;  // bit 4 keeps the upper half of V, bit 3 of the rest, ...
+}
+
+template <int N>
+__device__ __forceinline__ void tc_halve(float *v, int lane, int bit) {
+  const bool upper = lane & bit;
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) {
+    const float send = upper ? v[i] : v[i + N / 2], keep = upper ? v[i + N / 2] : v[i];
+    v[i] = keep + __shfl_xor_sync(kFullMask, send, bit);
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void tc_column_sums(float (&out)[kTcSumOut<HD>],
+                                               const float (&acc)[HD / 8][4], int lane) {
+  constexpr int V = HD / 4;
+  float v[V];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; nd++) {
+    v[2 * nd] = acc[nd][0] + acc[nd][2];
+    v[2 * nd + 1] = acc[nd][1] + acc[nd][3];
+  }
+  tc_halve<V>(v, lane, 16);
+  if constexpr (V / 2 > 1)
+    tc_halve<V / 2>(v, lane, 8);
+  else
+    v[0] += __shfl_xor_sync(kFullMask, v[0], 8);
+  if constexpr (V / 4 > 1)
+    tc_halve<V / 4>(v, lane, 4);
+  else
+    v[0] += __shfl_xor_sync(kFullMask, v[0], 4);
+#pragma unroll
+  for (int i = 0; i < kTcSumOut<HD>; i++) out[i] = v[i];
+}
+
 template <typename T, int HD, int KT>
 __global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
     window_attention_backward_tc_kernel(T *__restrict__ dqkv, float *__restrict__ ds_partial,
+                                        float *__restrict__ bias_partial,
                                         const T *__restrict__ dout, const T *__restrict__ qkv,
                                         const float *__restrict__ lse,
                                         const float *__restrict__ table,
@@ -714,6 +769,20 @@ __global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
   for (int nt = 0; nt < KT; nt++)
 #pragma unroll
     for (int c = 0; c < 4; c++) dT[nt][c] = 0.0f;
+  // Sums over this block's windows of the q, k, v gradients' columns (before the scale of dq
+  // and dk), for the qkv bias gradient: the lane's share after tc_column_sums.
+  float bsum[3][kTcSumOut<HD>];
+#pragma unroll
+  for (int part = 0; part < 3; part++)
+#pragma unroll
+    for (int i = 0; i < kTcSumOut<HD>; i++) bsum[part][i] = 0.0f;
+  auto add_sums = [&](int part, const float(&acc)[HD / 8][4]) {
+    if (!bias_partial) return;
+    float s[kTcSumOut<HD>];
+    tc_column_sums<HD>(s, acc, lane);
+#pragma unroll
+    for (int i = 0; i < kTcSumOut<HD>; i++) bsum[part][i] += s[i];
+  };
 
   tc_prefetch<T, HD>(qkv, dout, group, h, N, C, tiles, tiles + kTile, tiles + 2 * kTile,
                      tiles + 3 * kTile);
@@ -808,6 +877,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
         }
       }
       tc_store_rows<T, HD>(dqkv, acc, b, h, N, C, 0, r0, g, t, scale);
+      add_sums(0, acc);
     }
     __syncthreads();  // the P and dS tiles are complete
 
@@ -836,8 +906,36 @@ __global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
       }
       tc_store_rows<T, HD>(dqkv, dk, b, h, N, C, 1, r0, g, t, scale);
       tc_store_rows<T, HD>(dqkv, dv, b, h, N, C, 2, r0, g, t, 1.0f);
+      add_sums(1, dk);
+      add_sums(2, dv);
     }
     __syncthreads();  // every warp is done with these tiles before the next window reuses them
+  }
+
+  // This block's column sums of dq, dk, dv at (group, part * C + h * HD + d) of bias_partial
+  // (groups, 3C): the warps' shares meet in the P tile, free after the loop's last barrier, and
+  // are added in warp order. Padded rows (queries and keys >= N) hold zeros in every product.
+  if (bias_partial) {
+    float *red = reinterpret_cast<float *>(Ps);  // (kTcWarps, 3, HD): 4 * 3 * 64 floats fit
+    const bool owner = HD / 4 >= 8 || !(lane & 4);
+    if (owner) {
+      const int first = tc_sum_first<HD>(lane);
+#pragma unroll
+      for (int part = 0; part < 3; part++)
+#pragma unroll
+        for (int i = 0; i < kTcSumOut<HD>; i++) {
+          const int k = first + i, d = (k / 2) * 8 + 2 * t + k % 2;
+          red[(warp * 3 + part) * HD + d] = bsum[part][i] * (part < 2 ? scale : 1.0f);
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 3 * HD; e += blockDim.x) {
+      float total = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kTcWarps; w++) total += red[w * 3 * HD + e];
+      const int part = e / HD, d = e % HD;
+      bias_partial[(int64_t)group * 3 * C + part * C + h * HD + d] = total;
+    }
   }
 
   // This block's window sum of dS, at (group, h, i, j) of ds_partial (groups, heads, N, N).
@@ -964,28 +1062,33 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
 
 int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads) {
   int hd = heads > 0 ? C / heads : 0;
-  // nW = 1: the most groups any nW gives
-  if (use_tensor_cores(dt, N, hd))
-    return (int64_t)tc_groups(kTcBackwardBlocks, BW, heads, 1) * heads * N * N;
-  return (int64_t)BW * heads * N * N;
+  if (use_tensor_cores(dt, N, hd)) {
+    // nW = 1: the most groups any nW gives; the dS sums, then the qkv bias sums
+    int64_t groups = tc_groups(kTcBackwardBlocks, BW, heads, 1);
+    return groups * heads * N * N + groups * 3 * C;
+  }
+  return column_sums_cuda_scratch((int64_t)BW * N, 3 * C);
 }
 
-void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const void *dout,
-                                    const void *qkv, float *att, const float *table,
-                                    const int *index, const float *mask, int BW, int nW, int N,
-                                    int C, int heads, float *scratch, cudaStream_t stream) {
+void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
+                                    const void *dout, const void *qkv, float *att,
+                                    const float *table, const int *index, const float *mask,
+                                    int BW, int nW, int N, int C, int heads, float *scratch,
+                                    cudaStream_t stream) {
   check_limits("window_attention_backward_cuda", BW, N, C, heads);
   if (BW == 0) return;
   int hd = C / heads;
   bool tc = use_tensor_cores(dt, N, hd);
-  if (!scratch) scratch = att;  // the SIMT path may overwrite the probabilities
-  // Partial window sums of dS: (rows, E) with E = heads * N * N.
+  // Partial window sums of dS, (rows, E) with E = heads * N * N: the tensor-core path's per
+  // block in scratch, the SIMT path's per window over the probabilities in att.
+  float *ds = tc ? scratch : att;
   int64_t rows = BW;
   if (tc) {
     check_tc_alignment("window_attention_backward_cuda", qkv, dout);
     check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
     int groups = tc_groups(kTcBackwardBlocks, BW, heads, mask ? nW : 1);
     rows = groups;
+    float *bias_partial = dqkv_bias ? ds + (int64_t)groups * heads * N * N : nullptr;
     size_t smem = tc_backward_smem(hd, key_tiles(N));
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
@@ -994,29 +1097,32 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const v
               window_attention_backward_tc_kernel<T, decltype(HD)::value, decltype(KT)::value>;
           allow_smem(kernel, smem);
           kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
-              static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout),
+              static_cast<T *>(dqkv), ds, bias_partial, static_cast<const T *>(dout),
               static_cast<const T *>(qkv), att, table, index, mask, BW, nW, N, C, heads, groups,
               attention_scale(hd));
         });
       }
     });
+    CUDA_CHECK_LAUNCH();
+    if (dqkv_bias) column_partials_reduce_cuda(dqkv_bias, bias_partial, groups, 3 * C, stream);
   } else {
     size_t smem = backward_smem_bytes(N, hd);
     SWIN_DISPATCH(dt, T, {
       auto kernel = window_attention_backward_kernel<T>;
       allow_smem(kernel, smem);
       kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
-          static_cast<T *>(dqkv), scratch, static_cast<const T *>(dout),
+          static_cast<T *>(dqkv), ds, static_cast<const T *>(dout),
           static_cast<const T *>(qkv), att, N, C, heads, attention_scale(hd));
     });
+    CUDA_CHECK_LAUNCH();
+    if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
   }
-  CUDA_CHECK_LAUNCH();
 
   // Sums of dS over the rows (windows, or the tensor-core path's window groups) per (h, i, j):
   // 32 elements per block.
   int64_t E = (int64_t)heads * N * N;
   unsigned sum_blocks = (unsigned)((E + 31) / 32);
-  attention_ds_window_sum_kernel<<<sum_blocks, dim3(32, kSumRows), 0, stream>>>(scratch, rows, E);
+  attention_ds_window_sum_kernel<<<sum_blocks, dim3(32, kSumRows), 0, stream>>>(ds, rows, E);
   CUDA_CHECK_LAUNCH();
 
   // One warp per (table row, head) up to the row bound.
@@ -1024,7 +1130,7 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dtable, const v
   const int table_block = 256;
   unsigned table_blocks =
       (unsigned)(((int64_t)rows_bound * heads * 32 + table_block - 1) / table_block);
-  attention_dtable_kernel<<<table_blocks, table_block, 0, stream>>>(dtable, scratch, index, N,
-                                                                    heads, rows_bound);
+  attention_dtable_kernel<<<table_blocks, table_block, 0, stream>>>(dtable, ds, index, N, heads,
+                                                                    rows_bound);
   CUDA_CHECK_LAUNCH();
 }
