@@ -12,7 +12,12 @@
 //                     [stb|nvjpeg]
 // ROOT holds train/ (an ImageFolder, or *.tar shards); "plain" leaves out RandAugment; nvjpeg
 // decodes each batch's JPEGs on the GPU (data/jpeg_gpu.h). Prints one line: the decoder, the
-// workers, the recipe and img/s over BATCHES batches after 2 warm-up batches.
+// workers, the recipe and img/s in the steady state: the loader fills up to WORKERS + 2 batches
+// ahead, so the clock starts only after twice that many have come out (every worker has
+// finished batches, the ring has drained), and runs over max(BATCHES, 20 x WORKERS) batches:
+// batches in flight when the clock starts are at most WORKERS, so they inflate the rate by at
+// most 1/20. (Counting from the second batch, as this once did, credited the batches the
+// workers had decoded before the clock started: ~2x too high when WORKERS ~ BATCHES / 2.)
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,17 +70,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: %s\n", err.msg);
     return 1;
   }
+  const int warmup = 2 * opt.prefetch, measured = batches > 20 * workers ? batches : 20 * workers;
   double t0 = 0;
   int done = 0;
-  for (int i = 0; i < batches + 2; i++) {
+  for (int i = 0; i < warmup + measured; i++) {
     Batch *b;
     if (loader_next(L, &b, &err) != 0 || !b) {
       fprintf(stderr, "error: %s\n", err.msg);
       return 1;
     }
     loader_release_batch(L, b);
-    if (i == 1) t0 = time_now_s();
-    if (i >= 2) done += b->count;
+    if (i == warmup - 1) t0 = time_now_s();
+    if (i >= warmup) done += b->count;
   }
   double dt = time_now_s() - t0;
   printf("swin.c loader  %-11s %-6s workers %2d  %s  %5d images  %8.1f img/s%s%s\n", argv[2],
