@@ -203,7 +203,7 @@ void cuda_synchronize(Backend *be) {
 void cuda_reserve(Backend *be, const BackendNeeds *n) {
   refuse_in_capture(be, "reserve");
   CudaState *st = state_of(be);
-  // Upper bounds of what the ops ask for: a LayerNorm backward at most 1024 blocks of 3C
+  // Upper bounds of what the ops ask for: a LayerNorm backward at most ~1024 blocks of 3C
   // partials (kernels/cuda/layernorm.cu); the attention backward (kernels/cuda/attention.cu); a
   // bias gradient's column sums (GELU's, qkv's, the head's) at most 1024 rows of partials
   // (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer its own.

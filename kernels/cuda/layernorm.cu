@@ -44,12 +44,12 @@ constexpr int kDefaultSharedBytes = 48 * 1024;
 // would not fit in the default shared memory (C > 768).
 constexpr int kBackwardMaxWarps = 8;
 constexpr int kBackwardMaxThreads = kBackwardMaxWarps * kWarp;
-// Upper bound on the backward's row blocks, so the partial sums (a few C floats per block) stay
-// small next to the rows themselves; past that each slot takes several rows. 792 is two full
-// waves on the H200 at the 3 resident 256-thread blocks per SM of the register kernels (132 SMs):
-// 1024 ran 2.54 waves in Swin-T's stage 0, the last one half empty (Nsight Compute). Large maps
-// reach the bound and then fill the waves; a constant, so the partition depends on the shapes
-// only.
+// Upper bound on the multi-pass backward's row blocks, so the partial sums (a few C floats per
+// block) stay small next to the rows themselves; past that each warp takes several rows. 792 is
+// two full waves on the H200 at 3 resident 256-thread blocks per SM (132 SMs): 1024 ran 2.54
+// waves in Swin-T's stage 0, the last one half empty (Nsight Compute). Large maps reach the
+// bound and then fill the waves; a constant, so the partition depends on the shapes only. (The
+// register backward sizes its waves by its shapes' residency: reg_backward_plan.)
 constexpr int64_t kBackwardMaxBlocks = 792;
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
@@ -570,23 +570,61 @@ __device__ void store_slot_partials(float *partial, float *acc_all, const float 
   }
 }
 
-template <typename T, int VEC, int MAXV, int LANES>
-__global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backward_reg_kernel(
+// Resident 256-thread blocks per SM of the register backward's shapes, which its launch bounds
+// hold the registers to (bf16, ptxas: MAXV 1 52-63 registers, 2: 80, 4: 124).
+constexpr int reg_backward_blocks_per_sm(int maxv) {
+  return maxv == 1 ? 4 : maxv == 2 ? 3 : maxv == 4 ? 2 : 1;
+}
+// The register backward's shared memory budget per block (opted in above 48 KiB): 8 warps'
+// running sums up to C = 1024 with one row per warp.
+constexpr int kRegBackwardSharedBytes = 96 * 1024;
+
+// acc[e] = a[e] * b[e] + acc[e] (one rounding, as a register accumulator's += a * b compiles),
+// or with b NULL acc[e] += a[e], for the VEC floats at acc (shared memory, 16-byte aligned: VEC
+// is 4 or 8).
+template <int VEC>
+__device__ __forceinline__ void shared_fma(float *acc, const float (&a)[VEC], const float *b) {
+#pragma unroll
+  for (int q = 0; q < VEC / 4; q++) {
+    float4 v = reinterpret_cast<float4 *>(acc)[q];
+    float *f = reinterpret_cast<float *>(&v);
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = b ? fmaf(a[4 * q + e], b[4 * q + e], f[e]) : f[e] + a[4 * q + e];
+    reinterpret_cast<float4 *>(acc)[q] = v;
+  }
+}
+
+// Each row slot (LANES lanes) keeps its running dweight, dbias and dbranch sums in shared
+// memory (kResidualParts x C floats per slot, each lane the columns it loads) rather than in
+// registers: three sums per element held across the rows would take 3 * MAXV * VEC registers
+// (48 of ~120 for rows of 2 vectors per lane), and the registers, not the bytes, bounded the
+// resident warps of this latency-bound loop. The sums are the same operations in the same order
+// (per slot in row order, then over the slots in slot order), so the results did not change.
+// With EARLY_RES the residual gradient is loaded with x and dy, before the row's reductions,
+// so a row costs one memory round trip instead of two, for MAXV * VEC more registers: taken
+// where they fit in the launch bound (MAXV 1).
+template <typename T, int VEC, int MAXV, int LANES, bool EARLY_RES>
+__global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_sm(MAXV))
+    residual_layernorm_backward_reg_kernel(
     float *dres_out, T *__restrict__ dbranch, float *__restrict__ partial, const float *dres_in,
     const T *__restrict__ dln, const T *__restrict__ x, const float *__restrict__ weight,
     const float *__restrict__ mean, const float *__restrict__ rstd, RowMap bmap,
     const float *__restrict__ scale, RowMap lmap, int64_t N, int64_t L, int C,
     int64_t rows_per_block, bool sum_branch) {
+  static_assert(VEC % 4 == 0, "shared_fma works on float4");
   extern __shared__ float4 shared_f4[];
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x % 32, sl = lane % LANES;
   const int slots = blockDim.x / 32 * kRowsPerWarp;
   const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
-  float dw[MAXV][VEC], db[MAXV][VEC], ds[MAXV][VEC];
-#pragma unroll
-  for (int k = 0; k < MAXV; k++)
-#pragma unroll
-    for (int e = 0; e < VEC; e++) dw[k][e] = db[k][e] = ds[k][e] = 0.0f;
+  float *acc_all = reinterpret_cast<float *>(shared_f4);  // (slots, kResidualParts, C)
+  float *acc = acc_all + (size_t)slot * kResidualParts * C;
+  const bool sums = dln || sum_branch;
+  if (sums) {
+    for (int e = threadIdx.x * 4; e < slots * kResidualParts * C; e += blockDim.x * 4)
+      *reinterpret_cast<float4 *>(acc_all + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+  }
 
   const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
   const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
@@ -599,6 +637,15 @@ __global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backwa
     for (int k = 0; k < MAXV; k++)
 #pragma unroll
       for (int e = 0; e < VEC; e++) g[k][e] = 0.0f;
+    float rv[EARLY_RES ? MAXV : 1][VEC];
+    if constexpr (EARLY_RES) {
+      if (dres_in)
+#pragma unroll
+        for (int k = 0; k < MAXV; k++) {
+          int c = (k * LANES + sl) * VEC;
+          if (c < C) load_vec<float, VEC>(rv[k], dres_in + row * C + c);
+        }
+    }
     if (dln) {
       const float m = mean[row], r = rstd[row];
       const T *xr = x + row * C;
@@ -618,10 +665,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backwa
           gy[k][e] = dyv[e] * wv[e];
           sum_g += gy[k][e];
           sum_gx += gy[k][e] * xh[k][e];
-          if (active) {
-            dw[k][e] += dyv[e] * xh[k][e];
-            db[k][e] += dyv[e];
-          }
+        }
+        if (active) {
+          shared_fma<VEC>(acc + c, dyv, xh[k]);
+          shared_fma<VEC>(acc + C + c, dyv, nullptr);
         }
       }
       const float mean_g = group_sum<LANES>(sum_g) / C, mean_gx = group_sum<LANES>(sum_gx) / C;
@@ -639,10 +686,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backwa
       int c = (k * LANES + sl) * VEC;
       if (c >= C) continue;
       if (dres_in) {
-        float rv[VEC];
-        load_vec<float, VEC>(rv, dres_in + row * C + c);
+        if constexpr (!EARLY_RES) load_vec<float, VEC>(rv[0], dres_in + row * C + c);
+        const float(&res)[VEC] = rv[EARLY_RES ? k : 0];
 #pragma unroll
-        for (int e = 0; e < VEC; e++) g[k][e] += rv[e];
+        for (int e = 0; e < VEC; e++) g[k][e] += res[e];
       }
       if (dres_out) store_vec<float, VEC>(dres_out + row * C + c, g[k]);
       if (dbr) {
@@ -650,19 +697,23 @@ __global__ void __launch_bounds__(kBackwardMaxThreads) residual_layernorm_backwa
 #pragma unroll
         for (int e = 0; e < VEC; e++) out[e] = s * g[k][e];
         store_vec<T, VEC>(dbr + c, out);
-        if (sum_branch)
+        if (sum_branch) {
 #pragma unroll
-          for (int e = 0; e < VEC; e++) ds[k][e] += round_to<T>(out[e]);
+          for (int e = 0; e < VEC; e++) out[e] = round_to<T>(out[e]);
+          shared_fma<VEC>(acc + 2 * C + c, out, nullptr);
+        }
       }
     }
   }
-  float *acc_all = reinterpret_cast<float *>(shared_f4);
-  if (dln)
-    store_slot_partials<VEC, MAXV, LANES>(partial, acc_all, dw, db, 2, 0, kResidualParts, C, slot,
-                                          slots);
-  if (sum_branch)
-    store_slot_partials<VEC, MAXV, LANES>(partial, acc_all, ds, ds, 1, 2, kResidualParts, C, slot,
-                                          slots);
+  if (!sums) return;
+  // The block's partial (kResidualParts, C): the slots' sums added in slot order.
+  __syncthreads();
+  float *out = partial + (int64_t)blockIdx.x * kResidualParts * C;
+  for (int c = threadIdx.x; c < kResidualParts * C; c += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * kResidualParts * C + c];
+    out[c] = total;
+  }
 }
 
 // The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
@@ -685,7 +736,10 @@ RegShape reg_shape(int C, bool exact_fit) {
   for (int maxv = 3; maxv <= 4 && exact_fit; maxv++)
     for (int lanes = 4; lanes <= 32; lanes *= 2)
       if (nvec == maxv * lanes) return RegShape{lanes, maxv};
-  r.lanes = nvec >= 32 ? 32 : nvec > 8 ? 16 : 8;
+  // Up to 32 vectors: one per lane (8, 16 or 32 lanes); more: 32 lanes with several each, the
+  // only lane count with_reg_shape instantiates for MAXV > 1 (rows of 17-31 vectors once got 16
+  // lanes here but ran on 32 with two vectors' registers, the second never used).
+  r.lanes = nvec > 16 ? 32 : nvec > 8 ? 16 : 8;
   int need = (nvec + r.lanes - 1) / r.lanes;
   for (r.maxv = 1; r.maxv < need;) r.maxv *= 2;
   if (r.maxv > 16) r.lanes = 0;
@@ -734,19 +788,21 @@ void with_exact_reg_shape(RegShape r, F f) {
 }
 
 // The register backward's fixed partition: slot count per block from the shared memory its
-// partials need (2C floats per slot: dweight and dbias meet there first, the dbranch sums after
-// them), rows per block from (rows, C) alone.
-BackwardPlan reg_backward_plan(int64_t N, int C, int lanes) {
+// running sums need (kResidualParts x C floats per slot, within kRegBackwardSharedBytes), rows
+// per block from (rows, C) alone, at most two full waves of its resident blocks
+// (reg_backward_blocks_per_sm) on the H200's 132 SMs.
+BackwardPlan reg_backward_plan(int64_t N, int C, int lanes, int maxv) {
   BackwardPlan p;
   int per_warp = 32 / lanes;
-  int64_t fit = kDefaultSharedBytes / (2 * (int64_t)C * (int64_t)sizeof(float) * per_warp);
+  int64_t fit =
+      kRegBackwardSharedBytes / (kResidualParts * (int64_t)C * (int64_t)sizeof(float) * per_warp);
   p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
   int64_t slots = (int64_t)p.warps * per_warp;
-  int64_t max_rows = slots * kBackwardMaxBlocks;
+  int64_t max_rows = slots * 2 * 132 * reg_backward_blocks_per_sm(maxv);
   int64_t rows_per_slot = N > max_rows ? (N + max_rows - 1) / max_rows : 1;
   p.rows_per_block = rows_per_slot * slots;
   p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
-  p.shared_bytes = (size_t)slots * 2 * (size_t)C * sizeof(float);
+  p.shared_bytes = (size_t)slots * kResidualParts * (size_t)C * sizeof(float);
   return p;
 }
 
@@ -980,8 +1036,8 @@ void with_merge_shape(int shape, F f) {
   }
 }
 
-// The merge backward's fixed partition: slots per block as reg_backward_plan (2 * 4C floats of
-// shared memory each, within the default 48 KB), and rows per slot so that the blocks come to
+// The merge backward's fixed partition: slots per block from its shared memory (2 * 4C floats
+// each, within the default 48 KB), and rows per slot so that the blocks come to
 // about kMergeBackwardBlocks: one wave on the H200 at two resident blocks per SM (132 SMs; the
 // bf16 / fp16 shapes of Swin-T's merges take 115-207 registers a thread and 48 KB of shared
 // memory a block, two blocks a SM), each slot walking several rows, so no partial last wave. A
@@ -1046,6 +1102,16 @@ void launch_residual_forward(T *xo, T *lo, float *mean, float *rstd, const T *xi
         xo, lo, mean, rstd, xi, br, bmap, scale, weight, bias, lmap, N, L, C);
 }
 
+// SWIN_EXPERIMENT_LN_LATE_RES=1: the register backward loads the residual gradient after the
+// row's reductions in every shape (measurement only; kernels/PERF.md).
+bool late_res_experiment() {
+  static const bool on = [] {
+    const char *e = getenv("SWIN_EXPERIMENT_LN_LATE_RES");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
 // The backward's kernel for T, as the forward chooses; returns the plan it used (its blocks
 // hold the partials: kResidualParts x C floats each). sums: the dbranch column sums are wanted.
 template <typename T>
@@ -1056,15 +1122,20 @@ BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, c
                                       bool sums, cudaStream_t stream) {
   RegShape r = reg_shape<T>(C, false);
   if (r.lanes && can_vectorize<T>(C, {dbr, dy, xr, dres_in, dres_out}) && aligned16(weight)) {
-    BackwardPlan p = reg_backward_plan(N, C, r.lanes);
+    BackwardPlan p = reg_backward_plan(N, C, r.lanes, r.maxv);
     const size_t shared = dy || sums ? p.shared_bytes : 0;
     with_reg_shape(r, [&](auto MAXV, auto LANES) {
       constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
-      auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes>;
-      allow_shared(kernel, shared);
-      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
-          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
-          p.rows_per_block, sums);
+      auto launch = [&](auto kernel) {
+        allow_shared(kernel, shared);
+        kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+            dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L,
+            C, p.rows_per_block, sums);
+      };
+      if (kMaxv == 1 && !late_res_experiment())
+        launch(residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, kMaxv == 1>);
+      else
+        launch(residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, false>);
     });
     return p;
   }
@@ -1180,10 +1251,11 @@ int64_t residual_layernorm_backward_cuda_scratch(int64_t rows, int C) {
   int64_t blocks = backward_plan(rows, C).blocks;
   int64_t k = backward_plan(rows, C, kResidualParts).blocks;
   blocks = k > blocks ? k : blocks;
-  for (int lanes = 4; lanes <= 32; lanes *= 2) {  // any register shape the dispatch may pick
-    k = reg_backward_plan(rows, C, lanes).blocks;
-    blocks = k > blocks ? k : blocks;
-  }
+  for (int lanes = 4; lanes <= 32; lanes *= 2)  // any register shape the dispatch may pick
+    for (int maxv = 1; maxv <= 16; maxv *= 2) {
+      k = reg_backward_plan(rows, C, lanes, maxv).blocks;
+      blocks = k > blocks ? k : blocks;
+    }
   return blocks * kResidualParts * (int64_t)C;
 }
 
