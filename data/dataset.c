@@ -759,17 +759,26 @@ static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uin
                    ds->describe, why);
 }
 
-// The transform of a decoded file image (h, w, chans) of sample source, drawn from rng (keyed
-// by the sample asked for, so a replaced sample is as deterministic as any), and its label.
+// A file image's transform in its three steps, which the loader's nvJPEG path runs apart (the
+// middle one on the GPU): the plan, drawn from rng (keyed by the sample asked for, so a replaced
+// sample is as deterministic as any); the plan run on the decoded image (h, w, chans); the
+// colour part, with the draws that follow the plan's, and the label of sample source.
+static TransformPlan plan_image(const Dataset *ds, int h, int w, bool train, Rng *rng) {
+  return train ? transform_plan_train(&ds->transform, h, w, rng)
+               : transform_plan_eval(&ds->transform, h, w);
+}
+
+static void finish_image(const Dataset *ds, int64_t source, bool train, Rng *rng, uint8_t *pixels,
+                         int *label) {
+  if (train) transform_train_color(&ds->transform, pixels, ds->transform.chans, rng);
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
+}
+
 static void transform_image(const Dataset *ds, int64_t source, const uint8_t *img, int h, int w,
                             bool train, Rng *rng, uint8_t *pixels, int *label) {
-  if (train) {
-    transform_train(&ds->transform, img, h, w, rng, pixels);
-    transform_train_color(&ds->transform, pixels, ds->transform.chans, rng);
-  } else {
-    transform_eval(&ds->transform, img, h, w, pixels);
-  }
-  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
+  TransformPlan plan = plan_image(ds, h, w, train, rng);
+  transform_apply(&plan, img, ds->transform.chans, pixels);
+  finish_image(ds, source, train, rng, pixels, label);
 }
 
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
@@ -825,13 +834,34 @@ uint8_t *dataset_sample_file(const Dataset *ds, int64_t i, size_t *size) {
                                     : read_file(ds->paths[i], size, &read_err);
 }
 
-int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
-                                int64_t epoch, const uint8_t *img, int h, int w, uint8_t *pixels,
-                                int *label, Error *err) {
+// Sample i with its own file decoded: the checks of the loader's decoded paths.
+static int check_decoded(const Dataset *ds, int64_t i, Error *err) {
   if (i < 0 || i >= ds->n || !dataset_has_files(ds))
     return error_set(err, "%s: sample %lld has no image file to have been decoded", ds->describe,
                      (long long)i);
+  return 0;
+}
+
+int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
+                                int64_t epoch, const uint8_t *img, int h, int w, uint8_t *pixels,
+                                int *label, Error *err) {
+  if (check_decoded(ds, i, err) != 0) return -1;
   Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
   transform_image(ds, i, img, h, w, train, &rng, pixels, label);
+  return 0;
+}
+
+int dataset_plan_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
+                        int h, int w, TransformPlan *plan, Rng *rng, Error *err) {
+  if (check_decoded(ds, i, err) != 0) return -1;
+  *rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
+  *plan = plan_image(ds, h, w, train, rng);
+  return 0;
+}
+
+int dataset_finish_planned_sample(const Dataset *ds, int64_t i, bool train, Rng *rng,
+                                  uint8_t *pixels, int *label, Error *err) {
+  if (check_decoded(ds, i, err) != 0) return -1;
+  finish_image(ds, i, train, rng, pixels, label);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/resize.h"
 #include "src/util.h"
 
 #if defined(__AVX2__)
@@ -15,7 +16,7 @@
 
 // ---- resize (Pillow Resample.c) ----
 
-#define PRECISION_BITS (32 - 8 - 2)
+#define PRECISION_BITS RESIZE_PRECISION_BITS
 #define PI_DOUBLE 3.14159265358979323846  // Python's math.pi
 
 static double bilinear_weight(double x) {
@@ -32,24 +33,26 @@ static double bicubic_weight(double x) {
   return 0.0;
 }
 
-// Fixed-point taps of outputs [win0, win0 + win_n) of an in_size -> out_size resize along one
-// axis: output o reads count[o] pixels from first[o] with weights k[o * ksize ..] (sum 2^22).
-typedef struct {
-  int *first, *count;
-  int32_t *k;
-  int ksize;
-} Taps;
+// Pillow's filter support in input pixels: the filter's own, widened by the scale when shrinking
+// (the antialiasing).
+static double taps_support(int in_size, int out_size, Interp interp, double *scale,
+                           double *filterscale) {
+  *scale = (double)(float)in_size / out_size;
+  *filterscale = *scale < 1.0 ? 1.0 : *scale;
+  return (interp == INTERP_BICUBIC ? 2.0 : 1.0) * *filterscale;
+}
 
-static Taps taps_make(int in_size, int out_size, int win0, int win_n, Interp interp) {
-  double scale = (double)(float)in_size / out_size;
-  double filterscale = scale < 1.0 ? 1.0 : scale;
-  double support = (interp == INTERP_BICUBIC ? 2.0 : 1.0) * filterscale;
-  Taps t;
-  t.ksize = (int)ceil(support) * 2 + 1;
-  t.first = malloc_check(sizeof(int) * (size_t)win_n);
-  t.count = malloc_check(sizeof(int) * (size_t)win_n);
-  t.k = malloc_check(sizeof(int32_t) * (size_t)win_n * (size_t)t.ksize);
-  double *w = malloc_check(sizeof(double) * (size_t)t.ksize);
+int image_resize_ksize(int in_size, int out_size, Interp interp) {
+  double scale, filterscale;
+  return (int)ceil(taps_support(in_size, out_size, interp, &scale, &filterscale)) * 2 + 1;
+}
+
+void image_resize_taps(int in_size, int out_size, int win0, int win_n, Interp interp,
+                       int32_t *first, int32_t *count, int32_t *kernel) {
+  double scale, filterscale;
+  double support = taps_support(in_size, out_size, interp, &scale, &filterscale);
+  int ksize = (int)ceil(support) * 2 + 1;
+  double *w = malloc_check(sizeof(double) * (size_t)ksize);
   double inv_filterscale = 1.0 / filterscale;
   for (int o = 0; o < win_n; o++) {
     int xx = win0 + o;
@@ -65,16 +68,33 @@ static Taps taps_make(int in_size, int out_size, int win0, int win_n, Interp int
       w[x] = interp == INTERP_BICUBIC ? bicubic_weight(arg) : bilinear_weight(arg);
       ww += w[x];
     }
-    int32_t *k = t.k + (size_t)o * t.ksize;
+    int32_t *k = kernel + (size_t)o * ksize;
     for (int x = 0; x < xmax; x++) {
       double v = ww != 0.0 ? w[x] / ww : w[x];
       k[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << PRECISION_BITS))
                    : (int32_t)(0.5 + v * (1 << PRECISION_BITS));
     }
-    t.first[o] = xmin;
-    t.count[o] = xmax;
+    for (int x = xmax; x < ksize; x++) k[x] = 0;
+    first[o] = xmin;
+    count[o] = xmax;
   }
   free(w);
+}
+
+// The taps of outputs [win0, win0 + win_n) along one axis (image_resize_taps), in owned arrays.
+typedef struct {
+  int32_t *first, *count;
+  int32_t *k;
+  int ksize;
+} Taps;
+
+static Taps taps_make(int in_size, int out_size, int win0, int win_n, Interp interp) {
+  Taps t;
+  t.ksize = image_resize_ksize(in_size, out_size, interp);
+  t.first = malloc_check(sizeof(int32_t) * (size_t)win_n);
+  t.count = malloc_check(sizeof(int32_t) * (size_t)win_n);
+  t.k = malloc_check(sizeof(int32_t) * (size_t)win_n * (size_t)t.ksize);
+  image_resize_taps(in_size, out_size, win0, win_n, interp, t.first, t.count, t.k);
   return t;
 }
 
@@ -82,11 +102,6 @@ static void taps_free(Taps *t) {
   free(t->first);
   free(t->count);
   free(t->k);
-}
-
-static uint8_t clip_fixed(int32_t ss) {
-  int32_t v = ss >> PRECISION_BITS;  // arithmetic shift: floor, as Pillow's lookup index
-  return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
 // One row of the horizontal pass: win_w outputs of C channels from source row s. Inlined with
@@ -99,7 +114,7 @@ static inline void resize_row(const uint8_t *s, const Taps *tx, int win_w, int C
     for (int j = 0; j < tx->count[o]; j++)
       for (int c = 0; c < C; c++) ss[c] += p[(size_t)j * C + c] * k[j];
     for (int c = 0; c < C; c++)
-      t[(size_t)o * C + c] = clip_fixed(ss[c] + (1 << (PRECISION_BITS - 1)));
+      t[(size_t)o * C + c] = resize_clip(ss[c] + (1 << (PRECISION_BITS - 1)));
   }
 }
 
@@ -137,7 +152,7 @@ void image_resize(ImageView src, int out_h, int out_w, int win_top, int win_left
       int32_t kj = k[j];
       for (size_t i = 0; i < tmp_row; i++) acc[i] += row[i] * kj;
     }
-    for (size_t i = 0; i < tmp_row; i++) d[i] = clip_fixed(acc[i]);
+    for (size_t i = 0; i < tmp_row; i++) d[i] = resize_clip(acc[i]);
   }
   free(acc);
   free(tmp);

@@ -36,6 +36,16 @@ static inline ImageView image_view(const uint8_t *px, int h, int w, int chans) {
 void image_resize(ImageView src, int out_h, int out_w, int win_top, int win_left, int win_h,
                   int win_w, Interp interp, uint8_t *dst);
 
+// The fixed-point weights image_resize uses along one axis (Pillow's precompute_coeffs), for
+// outputs [win0, win0 + win_n) of an in_size -> out_size resize: output o reads count[o] pixels
+// from first[o] with weights k[o * ksize + j], j < count[o] (the rest of the row is zero), of
+// RESIZE_PRECISION_BITS fraction bits (kernels/resize.h), ksize = image_resize_ksize(...). The
+// GPU resize (kernels/resize.h) takes its weights from here: both sides multiply by the same
+// integers. first and count hold win_n entries, k win_n * ksize.
+int image_resize_ksize(int in_size, int out_size, Interp interp);
+void image_resize_taps(int in_size, int out_size, int win0, int win_n, Interp interp,
+                       int32_t *first, int32_t *count, int32_t *k);
+
 // Pillow's img.transform(size, AFFINE, a, resample, fillcolor=fill): output pixel (x, y) reads
 // the source at (a0 (x+.5) + a1 (y+.5) + a2, a3 (x+.5) + a4 (y+.5) + a5); points outside the
 // source get fill (chans values). dst has src's size and must not overlap it.

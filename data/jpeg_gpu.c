@@ -1,5 +1,5 @@
-// jpeg_gpu.c: batched JPEG decoding with nvJPEG (data/jpeg_gpu.h), with the nvJPEG C API and
-// the CUDA runtime API only (no kernels of its own). Built everywhere: without nvJPEG
+// jpeg_gpu.c: batched JPEG decoding with nvJPEG (data/jpeg_gpu.h), with the nvJPEG C API, the
+// CUDA runtime API and the batched resize of kernels/resize.h. Built everywhere: without nvJPEG
 // (SWIN_HAVE_NVJPEG unset) jpeg_gpu_built is false and jpeg_gpu_create fails, naming the fix.
 #include "data/jpeg_gpu.h"
 
@@ -30,14 +30,28 @@ const char *jpeg_gpu_backend(const JpegGpu *dec) {
   return "none";
 }
 
-int jpeg_gpu_decode(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
-                    JpegGpuImage *out, Error *err) {
+int jpeg_gpu_parse(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
+                   JpegGpuImage *out, Error *err) {
   (void)dec;
   (void)files;
   (void)sizes;
   (void)err;
   for (int j = 0; j < count; j++) out[j] = (JpegGpuImage){0};
   return 0;
+}
+
+int jpeg_gpu_decode_parsed(JpegGpu *dec, const TransformPlan *plans, JpegGpuImage *out,
+                           Error *err) {
+  (void)dec;
+  (void)plans;
+  (void)out;
+  (void)err;
+  return 0;
+}
+
+int jpeg_gpu_decode(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
+                    JpegGpuImage *out, Error *err) {
+  return jpeg_gpu_parse(dec, files, sizes, count, out, err);
 }
 
 void jpeg_gpu_destroy(JpegGpu *dec) {
@@ -49,6 +63,14 @@ void jpeg_gpu_destroy(JpegGpu *dec) {
 #include <cuda_runtime_api.h>
 #include <nvjpeg.h>
 
+#include "kernels/resize.h"
+
+// A grow-only buffer on the device or in page-locked host memory.
+typedef struct {
+  uint8_t *ptr;
+  size_t capacity;  // bytes
+} Buffer;
+
 struct JpegGpu {
   int device;  // the CUDA device of the creating thread; every call sets it on its own thread
   int chans, max_batch;
@@ -57,16 +79,24 @@ struct JpegGpu {
   nvjpegJpegState_t state;
   nvjpegJpegStream_t header;  // the parsed header of the file being checked
   cudaStream_t stream;
-  int initialized_count;   // images nvjpegDecodeBatchedInitialize was last given; 0 = to do
-  uint8_t *device_pixels;  // (capacity bytes) the batch's images, (h, w, chans) each, packed
-  uint8_t *host_pixels;    // (capacity bytes) page-locked copy of device_pixels
-  size_t capacity;
-  // Per batch, (max_batch) each: the files nvJPEG takes, in batch order.
+  int initialized_count;  // images nvjpegDecodeBatchedInitialize was last given; 0 = to do
+  Buffer device_pixels;   // the batch's decoded images, (h, w, chans) each, packed
+  Buffer host_pixels;     // page-locked: what comes back (decoded images, or the plans' outputs)
+  Buffer host_packed;     // page-locked: the plans as kernels/resize.h reads them
+  Buffer device_packed;   // their copy on the device
+  Buffer device_tmp;      // the resize's intermediate rows
+  Buffer device_out;      // the plans' outputs, (out_h, out_w, chans) each, packed
+  // The last jpeg_gpu_parse: count files, n of them taken, bytes once decoded; then per taken
+  // file, in batch order, (max_batch) each:
+  int count, n;
+  size_t bytes;
   const unsigned char **data;
   size_t *lengths;
   nvjpegImage_t *dest;
-  int *which;      // index in the caller's batch
-  size_t *offset;  // bytes into the pixel buffers
+  int *which;           // index in the caller's batch
+  size_t *offset;       // bytes into device_pixels
+  TransformPlan *plan;  // the taken files' plans
+  int64_t *plan_src;    // offset, as transform_plans_pack takes it
 };
 
 static const char *status_name(nvjpegStatus_t s) {
@@ -181,6 +211,8 @@ int jpeg_gpu_create(JpegGpu **out, int max_batch, int chans, Error *err) {
   d->dest = calloc_check((size_t)max_batch, sizeof *d->dest);
   d->which = calloc_check((size_t)max_batch, sizeof *d->which);
   d->offset = calloc_check((size_t)max_batch, sizeof *d->offset);
+  d->plan = calloc_check((size_t)max_batch, sizeof *d->plan);
+  d->plan_src = calloc_check((size_t)max_batch, sizeof *d->plan_src);
   if (setup(d, err) != 0) {
     jpeg_gpu_destroy(d);
     return -1;
@@ -223,18 +255,25 @@ static bool takes(JpegGpu *d, const uint8_t *file, size_t size, int *h, int *w) 
   return true;
 }
 
-// Grow-only output buffers, with a quarter of headroom so a batch of slightly larger images
-// does not reallocate again; the stream is idle here (every decode ends synchronized).
-static int reserve(JpegGpu *d, size_t bytes, Error *err) {
-  if (bytes <= d->capacity) return 0;
+// Grow-only buffers, with a quarter of headroom so a batch of slightly larger images does not
+// reallocate again; the stream is idle here (every decode ends synchronized).
+static int grow_device(Buffer *b, size_t bytes, Error *err) {
+  if (bytes <= b->capacity) return 0;
   size_t capacity = bytes + bytes / 4;
-  CUDA_TRY(cudaFree(d->device_pixels));
-  CUDA_TRY(cudaFreeHost(d->host_pixels));
-  d->device_pixels = d->host_pixels = NULL;
-  d->capacity = 0;
-  CUDA_TRY(cudaMalloc((void **)&d->device_pixels, capacity));
-  CUDA_TRY(cudaHostAlloc((void **)&d->host_pixels, capacity, cudaHostAllocDefault));
-  d->capacity = capacity;
+  CUDA_TRY(cudaFree(b->ptr));
+  *b = (Buffer){0};
+  CUDA_TRY(cudaMalloc((void **)&b->ptr, capacity));
+  b->capacity = capacity;
+  return 0;
+}
+
+static int grow_host(Buffer *b, size_t bytes, Error *err) {
+  if (bytes <= b->capacity) return 0;
+  size_t capacity = bytes + bytes / 4;
+  CUDA_TRY(cudaFreeHost(b->ptr));
+  *b = (Buffer){0};
+  CUDA_TRY(cudaHostAlloc((void **)&b->ptr, capacity, cudaHostAllocDefault));
+  b->capacity = capacity;
   return 0;
 }
 
@@ -244,13 +283,14 @@ static bool is_file_status(nvjpegStatus_t st) {
          st == NVJPEG_STATUS_INCOMPLETE_BITSTREAM || st == NVJPEG_STATUS_EXECUTION_FAILED;
 }
 
-int jpeg_gpu_decode(JpegGpu *d, const uint8_t *const *files, const size_t *sizes, int count,
-                    JpegGpuImage *out, Error *err) {
+int jpeg_gpu_parse(JpegGpu *d, const uint8_t *const *files, const size_t *sizes, int count,
+                   JpegGpuImage *out, Error *err) {
+  d->count = d->n = 0;
+  d->bytes = 0;
   if (count > d->max_batch)
     return error_set(err, "nvJPEG decoder: a batch of %d files, but it was made for %d", count,
                      d->max_batch);
   CUDA_TRY(cudaSetDevice(d->device));
-  int n = 0;
   size_t bytes = 0;
   for (int j = 0; j < count; j++) {
     out[j] = (JpegGpuImage){0};
@@ -258,21 +298,76 @@ int jpeg_gpu_decode(JpegGpu *d, const uint8_t *const *files, const size_t *sizes
     if (!files[j] || !takes(d, files[j], sizes[j], &h, &w)) continue;
     out[j].h = h;
     out[j].w = w;
-    d->which[n] = j;
-    d->offset[n] = bytes;
-    d->data[n] = files[j];
-    d->lengths[n] = sizes[j];
+    d->which[d->n] = j;
+    d->offset[d->n] = bytes;
+    d->data[d->n] = files[j];
+    d->lengths[d->n] = sizes[j];
     bytes += (size_t)h * (size_t)w * (size_t)d->chans;
-    n++;
+    d->n++;
   }
+  d->count = count;
+  d->bytes = bytes;
+  return 0;
+}
+
+// A plan the resize can run on file j's decoded (h, w) image: its box inside the image, its
+// window inside the resize. The loader's plans always are; the check keeps a wrong one from
+// reading or writing outside the device buffers.
+static int check_plan(const TransformPlan *t, int j, const JpegGpuImage *im, Error *err) {
+  const CropBox *b = &t->box;
+  bool fits = t->src_h == im->h && t->src_w == im->w && b->top >= 0 && b->left >= 0 && b->h >= 1 &&
+              b->w >= 1 && b->top + b->h <= im->h && b->left + b->w <= im->w && t->resize_h >= 1 &&
+              t->resize_w >= 1 && t->out_h >= 1 && t->out_w >= 1 && t->top >= 0 && t->left >= 0 &&
+              t->top + t->out_h <= t->resize_h && t->left + t->out_w <= t->resize_w;
+  if (fits) return 0;
+  return error_set(err,
+                   "nvJPEG decoder: the plan of file %d (a %dx%d image) does not fit it: made for "
+                   "%dx%d, box %dx%d at (%d, %d), resize %dx%d, window %dx%d at (%d, %d)\n"
+                   "HINT: this is a bug in the caller's plan; data.decoder=stb avoids this path",
+                   j, im->h, im->w, t->src_h, t->src_w, b->h, b->w, b->top, b->left, t->resize_h,
+                   t->resize_w, t->out_h, t->out_w, t->top, t->left);
+}
+
+// The taken files' plans, packed for kernels/resize.h into host_packed, and the device buffers
+// of the resize grown to fit (before anything is queued: growing waits for the device).
+static int pack_plans(JpegGpu *d, const TransformPlan *plans, const JpegGpuImage *out,
+                      ResizeBatch *batch, Error *err) {
+  for (int k = 0; k < d->n; k++) {
+    int j = d->which[k];
+    if (check_plan(&plans[j], j, &out[j], err) != 0) return -1;
+    d->plan[k] = plans[j];
+    d->plan_src[k] = (int64_t)d->offset[k];
+  }
+  int64_t bytes = transform_plans_packed_bytes(d->plan, d->n);
+  if (grow_host(&d->host_packed, (size_t)bytes, err) != 0 ||
+      grow_device(&d->device_packed, (size_t)bytes, err) != 0)
+    return -1;
+  transform_plans_pack(d->plan, d->n, d->chans, d->plan_src, d->host_packed.ptr, batch);
+  if (grow_device(&d->device_tmp, (size_t)batch->tmp_bytes, err) != 0 ||
+      grow_device(&d->device_out, (size_t)batch->dst_bytes, err) != 0)
+    return -1;
+  return 0;
+}
+
+int jpeg_gpu_decode_parsed(JpegGpu *d, const TransformPlan *plans, JpegGpuImage *out, Error *err) {
+  int n = d->n;
   if (n == 0) return 0;
-  if (reserve(d, bytes, err) != 0) return -1;
+  CUDA_TRY(cudaSetDevice(d->device));
+  ResizeBatch batch = {0};
+  if (grow_device(&d->device_pixels, d->bytes, err) != 0) return -1;
+  if (plans && pack_plans(d, plans, out, &batch, err) != 0) return -1;
+  size_t back = plans ? (size_t)batch.dst_bytes : d->bytes;  // what comes back to the host
+  if (grow_host(&d->host_pixels, back, err) != 0) return -1;
   for (int k = 0; k < n; k++) {
     int j = d->which[k];
     d->dest[k] = (nvjpegImage_t){0};
-    d->dest[k].channel[0] = d->device_pixels + d->offset[k];
+    d->dest[k].channel[0] = d->device_pixels.ptr + d->offset[k];
     d->dest[k].pitch[0] = (size_t)out[j].w * (size_t)d->chans;  // interleaved (RGBI) or Y
   }
+  // The plans go up before the decode, in one copy; the stream orders it before the resize.
+  if (plans)
+    CUDA_TRY(cudaMemcpyAsync(d->device_packed.ptr, d->host_packed.ptr, (size_t)batch.packed_bytes,
+                             cudaMemcpyHostToDevice, d->stream));
   nvjpegOutputFormat_t format = d->chans == 3 ? NVJPEG_OUTPUT_RGBI : NVJPEG_OUTPUT_Y;
   if (d->initialized_count != n) {
     NVJPEG_TRY(nvjpegDecodeBatchedInitialize(d->handle, d->state, n, 1, format));
@@ -288,22 +383,39 @@ int jpeg_gpu_decode(JpegGpu *d, const uint8_t *const *files, const size_t *sizes
     // checks and messages name the bad file, and the state is reset for the next batch.
     CUDA_TRY(cudaStreamSynchronize(d->stream));
     d->initialized_count = 0;
-    for (int j = 0; j < count; j++) out[j] = (JpegGpuImage){0};
+    for (int j = 0; j < d->count; j++) out[j] = (JpegGpuImage){0};
     return 0;
   }
-  CUDA_TRY(
-      cudaMemcpyAsync(d->host_pixels, d->device_pixels, bytes, cudaMemcpyDeviceToHost, d->stream));
+  const uint8_t *from = d->device_pixels.ptr;
+  if (plans) {
+    CUDA_TRY(resize_batch_cuda(d->device_pixels.ptr, d->device_packed.ptr, &batch,
+                               d->device_tmp.ptr, d->device_out.ptr, d->stream));
+    from = d->device_out.ptr;
+  }
+  CUDA_TRY(cudaMemcpyAsync(d->host_pixels.ptr, from, back, cudaMemcpyDeviceToHost, d->stream));
   CUDA_TRY(cudaStreamSynchronize(d->stream));
-  for (int k = 0; k < n; k++) out[d->which[k]].pixels = d->host_pixels + d->offset[k];
+  const ResizeDesc *desc = (const ResizeDesc *)d->host_packed.ptr;
+  for (int k = 0; k < n; k++)
+    out[d->which[k]].pixels = d->host_pixels.ptr + (plans ? (size_t)desc[k].dst : d->offset[k]);
   return 0;
+}
+
+int jpeg_gpu_decode(JpegGpu *d, const uint8_t *const *files, const size_t *sizes, int count,
+                    JpegGpuImage *out, Error *err) {
+  if (jpeg_gpu_parse(d, files, sizes, count, out, err) != 0) return -1;
+  return jpeg_gpu_decode_parsed(d, NULL, out, err);
 }
 
 void jpeg_gpu_destroy(JpegGpu *d) {
   if (!d) return;
   // Teardown: failures are ignored, nothing could be done about them here.
   if (d->stream) cudaStreamSynchronize(d->stream);
-  cudaFree(d->device_pixels);
-  cudaFreeHost(d->host_pixels);
+  cudaFree(d->device_pixels.ptr);
+  cudaFree(d->device_packed.ptr);
+  cudaFree(d->device_tmp.ptr);
+  cudaFree(d->device_out.ptr);
+  cudaFreeHost(d->host_pixels.ptr);
+  cudaFreeHost(d->host_packed.ptr);
   if (d->header) nvjpegJpegStreamDestroy(d->header);
   if (d->state) nvjpegJpegStateDestroy(d->state);
   if (d->handle) nvjpegDestroy(d->handle);
@@ -313,6 +425,8 @@ void jpeg_gpu_destroy(JpegGpu *d) {
   free(d->dest);
   free(d->which);
   free(d->offset);
+  free(d->plan);
+  free(d->plan_src);
   free(d);
 }
 

@@ -4,9 +4,17 @@
 // worker's time per image (data/PERF.md), so the CPU cannot feed the GPU trainer; the GPU's
 // JPEG engines can. Each loader worker owns one JpegGpu: an nvJPEG handle on the hardware
 // backend (the JPEG engines) where the GPU has it, else the default GPU backend, its own CUDA
-// stream, and device + page-locked host buffers that grow to the largest batch met. One call
-// decodes the files of a batch in one nvjpegDecodeBatched, copies the pixels back and waits;
-// the loader then runs the same per-sample transform as on stb's output.
+// stream, and device + page-locked host buffers that grow to the largest batch met.
+//
+// A batch takes two calls. jpeg_gpu_parse reads the headers: which files nvJPEG takes, and
+// their sizes. The caller then draws each taken file's TransformPlan (data/transform.h: the
+// RandomResizedCrop box, interpolation and flip, or eval's resize + center crop) from that
+// size, and jpeg_gpu_decode_parsed decodes the batch in one nvjpegDecodeBatched and runs the
+// plans on the device right after it (kernels/resize.h: Pillow's resize with image_resize's
+// integer weights, so the bytes are transform_apply's on the same decoded pixels), copies back
+// only the outputs (out_h * out_w * chans bytes per image, not the whole decoded image) and
+// waits. The CPU keeps the draws and the colour part (RandAugment). Without plans, the whole
+// decoded images come back (the reference the tests run the CPU transform on).
 //
 // Only what both decoders read the same way goes to nvJPEG: files that pass image_check
 // (data/image.h), are baseline or extended-sequential Huffman JPEGs of 8-bit samples with 1 or
@@ -17,22 +25,26 @@
 // levels (tests/test_gpu_jpeg.c bounds it): results depend on the decoder, never on threads.
 //
 // GPU memory: nvJPEG allocates its own scratch (cudaMalloc, cudaHostAlloc: its default
-// allocators) per handle; the output buffers here are grow-only, so after the first batches a
-// worker allocates nothing (growing frees and allocates, which waits for the device: should
-// the trainer ever capture CUDA graphs, it must capture in cudaStreamCaptureModeThreadLocal).
-// Without nvJPEG in the build (SWIN_HAVE_NVJPEG unset) every
+// allocators) per handle; the buffers here (decoded images, the packed plans, the resize's
+// intermediate rows and outputs, and their host copies) are grow-only, so after the first
+// batches a worker allocates nothing (growing frees and allocates, which waits for the device:
+// should the trainer ever capture CUDA graphs, it must capture in
+// cudaStreamCaptureModeThreadLocal). Without nvJPEG in the build (SWIN_HAVE_NVJPEG unset) every
 // function below exists: jpeg_gpu_built is false and jpeg_gpu_create fails saying so.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/transform.h"
 #include "src/util.h"
 
 typedef struct JpegGpu JpegGpu;
 
-// One file's result: pixels (h, w, chans) uint8 in the decoder's host buffer, valid until its
-// next decode; NULL when the file was left to the CPU decoder.
+// One file's result. h, w: its size, when nvJPEG takes it (jpeg_gpu_parse), else 0. pixels:
+// after the decode, uint8 in the decoder's host buffer, valid until its next batch: (h, w,
+// chans) decoded, or (out_h, out_w, chans) of the file's plan; NULL when the file was left to
+// the CPU decoder.
 typedef struct {
   const uint8_t *pixels;
   int h, w;
@@ -47,9 +59,20 @@ bool jpeg_gpu_built(void);
 int jpeg_gpu_create(JpegGpu **dec, int max_batch, int chans, Error *err);
 // "hardware" (the JPEG engines) or "gpu" (nvJPEG's default backend, CUDA cores).
 const char *jpeg_gpu_backend(const JpegGpu *dec);
-// Decodes files[0..count) (sizes bytes each; a NULL file is skipped) into out[0..count). Files
-// nvJPEG does not take get out[j].pixels = NULL. Returns -1 with err only when the GPU itself
-// fails (a CUDA error, out of memory), naming the call and this source line.
+// Parses the headers of files[0..count) (sizes bytes each; a NULL file is skipped): out[j].h,
+// .w get the size of each file nvJPEG takes, 0 for the others; every pixels is NULL. The files
+// must stay as they are until jpeg_gpu_decode_parsed returns.
+int jpeg_gpu_parse(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
+                   JpegGpuImage *out, Error *err);
+// Decodes the files the last jpeg_gpu_parse took, into the same out. plans: NULL for the whole
+// decoded images; else plans[j] (read for the taken files only, each made for (out[j].h,
+// out[j].w)) is run on file j's decoded pixels on the GPU. A batch nvJPEG fails to decode (a
+// file that passed the header checks but not the decode) leaves every pixels NULL: those files
+// go to stb like the rest (out[j] zeroed, as for a file not taken). Returns -1 with err only when
+// the GPU itself fails (a CUDA error, out of memory), naming the call and this source line, or when
+// a plan does not fit its image.
+int jpeg_gpu_decode_parsed(JpegGpu *dec, const TransformPlan *plans, JpegGpuImage *out, Error *err);
+// jpeg_gpu_parse, then jpeg_gpu_decode_parsed without plans: whole decoded images.
 int jpeg_gpu_decode(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
                     JpegGpuImage *out, Error *err);
 void jpeg_gpu_destroy(JpegGpu *dec);

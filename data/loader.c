@@ -8,8 +8,12 @@
 // so the output never depends on how many workers there are or which one ran first.
 //
 // With gpu_decode each worker owns an nvJPEG decoder (data/jpeg_gpu.h): it reads its batch's
-// files, decodes the JPEGs nvJPEG takes in one batched call, and transforms every sample as
-// the stb path does; the rest (PNGs, progressive JPEGs, damaged files) take the stb path itself.
+// files, has nvJPEG parse their headers, draws each taken sample's geometry (its TransformPlan,
+// from the sample's own counter-based draws, as the stb path draws it), and the decoder decodes
+// the batch and crops, resizes and flips on the GPU; only the outputs come back, and the worker
+// finishes each sample with the colour part (RandAugment) from the same draws. The bytes are
+// those of the stb path's transform on nvJPEG's pixels. The rest (PNGs, progressive JPEGs,
+// damaged files) take the stb path itself.
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdlib.h>
@@ -43,6 +47,8 @@ typedef struct {
   uint8_t **files;       // (batch_size) the batch's files as read, NULL where there is none
   size_t *file_sizes;    // (batch_size)
   JpegGpuImage *images;  // (batch_size) what nvJPEG decoded
+  TransformPlan *plans;  // (batch_size) the geometry of the samples nvJPEG takes
+  Rng *rngs;             // (batch_size) their draws, where the colour part continues
 } Worker;
 
 struct Loader {
@@ -139,22 +145,32 @@ static int fill(Loader *L, Slot *sl) {
   return 0;
 }
 
-// fill with the GPU decoder: the batch's JPEGs in one nvJPEG call, then the same per-sample
-// transforms; a sample nvJPEG left alone goes through dataset_load_sample (stb) unchanged.
+// fill with the GPU decoder: the batch's JPEGs decoded, cropped and resized on the GPU in one
+// call, with each sample's plan drawn here from its size; then the colour part. A sample nvJPEG
+// left alone goes through dataset_load_sample (stb) unchanged.
 static int fill_gpu(Loader *L, Slot *sl, Worker *wk) {
   Batch *b = &sl->batch;
+  const LoaderOptions *o = &L->opt;
   for (int j = 0; j < b->count; j++)
     wk->files[j] = dataset_sample_file(L->ds, sl->samples[j], &wk->file_sizes[j]);
-  int rc = jpeg_gpu_decode(wk->jpeg, (const uint8_t *const *)wk->files, wk->file_sizes, b->count,
-                           wk->images, &sl->err);
+  int rc = jpeg_gpu_parse(wk->jpeg, (const uint8_t *const *)wk->files, wk->file_sizes, b->count,
+                          wk->images, &sl->err);
+  for (int j = 0; j < b->count && rc == 0; j++)
+    if (wk->images[j].h > 0)
+      rc = dataset_plan_sample(L->ds, sl->samples[j], o->train, o->seed, b->epoch, wk->images[j].h,
+                               wk->images[j].w, &wk->plans[j], &wk->rngs[j], &sl->err);
+  if (rc == 0) rc = jpeg_gpu_decode_parsed(wk->jpeg, wk->plans, wk->images, &sl->err);
   for (int j = 0; j < b->count && rc == 0; j++) {
-    const JpegGpuImage *im = &wk->images[j];
     uint8_t *pixels = b->pixels + (size_t)j * L->sample_bytes;
-    rc = im->pixels ? dataset_load_decoded_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed,
-                                                  b->epoch, im->pixels, im->h, im->w, pixels,
-                                                  &b->labels[j], &sl->err)
-                    : dataset_load_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed,
-                                          b->epoch, pixels, &b->labels[j], &sl->err);
+    if (wk->images[j].pixels) {
+      // The plan's output is (img_h, img_w, in_chans): one sample's bytes.
+      memcpy(pixels, wk->images[j].pixels, L->sample_bytes);
+      rc = dataset_finish_planned_sample(L->ds, sl->samples[j], o->train, &wk->rngs[j], pixels,
+                                         &b->labels[j], &sl->err);
+    } else {
+      rc = dataset_load_sample(L->ds, sl->samples[j], o->train, o->seed, b->epoch, pixels,
+                               &b->labels[j], &sl->err);
+    }
   }
   for (int j = 0; j < b->count; j++) {
     free(wk->files[j]);
@@ -290,6 +306,8 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
     wk->files = calloc_check((size_t)opt->batch_size, sizeof *wk->files);
     wk->file_sizes = calloc_check((size_t)opt->batch_size, sizeof *wk->file_sizes);
     wk->images = calloc_check((size_t)opt->batch_size, sizeof *wk->images);
+    wk->plans = calloc_check((size_t)opt->batch_size, sizeof *wk->plans);
+    wk->rngs = calloc_check((size_t)opt->batch_size, sizeof *wk->rngs);
   }
   L->threads = calloc_check((size_t)opt->workers, sizeof(pthread_t));
   for (int i = 0; i < opt->workers; i++) {
@@ -382,6 +400,8 @@ void loader_destroy(Loader *L) {
     free(L->workers[i].files);
     free(L->workers[i].file_sizes);
     free(L->workers[i].images);
+    free(L->workers[i].plans);
+    free(L->workers[i].rngs);
   }
   free(L->workers);
   free(L->threads);

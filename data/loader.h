@@ -54,7 +54,9 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
 // (malloc'ed, *size bytes), or NULL when there is none to decode (Fashion-MNIST, synthetic, a
 // file data.skip_bad knows is bad, a read error: dataset_load_sample then reports it).
 // dataset_load_decoded_sample: dataset_load_sample with sample i's own file already decoded to
-// img (h, w, in_chans); the transform and its draws are the same.
+// img (h, w, in_chans); the transform and its draws are the same. The loader runs it in steps,
+// with the crop and resize on the GPU (dataset_plan_sample, data/transform.h); this whole form
+// is their reference (tests/test_gpu_jpeg.c).
 bool dataset_has_files(const Dataset *ds);  // ImageFolder and shards: images as JPEG/PNG files
 int dataset_channels(const Dataset *ds);    // channels of every sample (model.in_chans)
 uint8_t *dataset_sample_file(const Dataset *ds, int64_t i, size_t *size);
@@ -79,8 +81,9 @@ typedef struct {
   int rank, world;
   int64_t start_epoch, start_batch;  // resume position: the first batch to produce
   // Decode each batch's JPEG files with nvJPEG, one decoder per worker (data/jpeg_gpu.h), on
-  // the CUDA device current when loader_create runs; PNGs and what nvJPEG does not take go to
-  // stb_image. Only ImageFolder and shards have files; other datasets ignore it.
+  // the CUDA device current when loader_create runs, and crop + resize + flip them there (the
+  // same bytes as on the CPU); PNGs and what nvJPEG does not take go to stb_image. Only
+  // ImageFolder and shards have files; other datasets ignore it.
   bool gpu_decode;
   // Buffer allocator (NULL: malloc/free); the CUDA backend passes cudaHostAlloc/cudaFreeHost.
   void *(*alloc)(size_t bytes);

@@ -55,16 +55,40 @@ void transform_hflip(uint8_t *img, int h, int w, int chans) {
   }
 }
 
+TransformPlan transform_plan_train(const TransformParams *p, int h, int w, Rng *rng) {
+  TransformPlan t = {.src_h = h, .src_w = w};
+  // torchvision crops, then resizes the crop: the filter never reads outside the box.
+  t.box = transform_rrc_box(p, h, w, rng);
+  t.interp = resample_pick(p->resample, rng);
+  t.resize_h = t.out_h = p->out_h;
+  t.resize_w = t.out_w = p->out_w;
+  // Always drawn, so the draw sequence does not depend on hflip.
+  t.hflip = rng_uniform(rng) < p->hflip;
+  return t;
+}
+
+void transform_apply(const TransformPlan *t, const uint8_t *src, int chans, uint8_t *dst) {
+  int64_t stride = (int64_t)t->src_w * chans;
+  const uint8_t *box = src + (int64_t)t->box.top * stride + (int64_t)t->box.left * chans;
+  if (t->resize_h == t->box.h && t->resize_w == t->box.w) {
+    // Pillow returns a copy when the size does not change (an RRC box of the output's size, an
+    // eval image already at the resize size): the window, copied. (Pillow's resize to the same
+    // size would give the same bytes: its taps are then the identity.)
+    size_t row = (size_t)t->out_w * chans;
+    for (int y = 0; y < t->out_h; y++)
+      memcpy(dst + (size_t)y * row, box + (int64_t)(t->top + y) * stride + (int64_t)t->left * chans,
+             row);
+  } else {
+    ImageView v = {box, t->box.h, t->box.w, chans, stride};
+    image_resize(v, t->resize_h, t->resize_w, t->top, t->left, t->out_h, t->out_w, t->interp, dst);
+  }
+  if (t->hflip) transform_hflip(dst, t->out_h, t->out_w, chans);
+}
+
 void transform_train(const TransformParams *p, const uint8_t *src, int h, int w, Rng *rng,
                      uint8_t *dst) {
-  CropBox b = transform_rrc_box(p, h, w, rng);
-  Interp interp = resample_pick(p->resample, rng);
-  // torchvision crops, then resizes the crop: the filter never reads outside the box.
-  ImageView crop = {src + ((int64_t)b.top * w + b.left) * p->chans, b.h, b.w, p->chans,
-                    (int64_t)w * p->chans};
-  image_resize(crop, p->out_h, p->out_w, 0, 0, p->out_h, p->out_w, interp, dst);
-  // Always draw, so the draw sequence does not depend on hflip.
-  if (rng_uniform(rng) < p->hflip) transform_hflip(dst, p->out_h, p->out_w, p->chans);
+  TransformPlan t = transform_plan_train(p, h, w, rng);
+  transform_apply(&t, src, p->chans, dst);
 }
 
 bool transform_has_color(const TransformParams *p) {
@@ -78,7 +102,7 @@ void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rn
     color_jitter_image(p->color_jitter, img, p->out_h, p->out_w, chans, rng);
 }
 
-void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, uint8_t *dst) {
+TransformPlan transform_plan_eval(const TransformParams *p, int h, int w) {
   // timm's scale_size = floor(out / crop_pct). Square output: torchvision's Resize(int), the
   // shorter side becomes it and the other is int(side * long / short). Otherwise timm's
   // ResizeKeepRatio: both sides divided by min(h / target_h, w / target_w), rounded.
@@ -103,16 +127,83 @@ void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, 
   if (new_w < p->out_w) new_w = p->out_w;
   // CenterCrop's offsets (round half to even); only the cropped window of the resize is
   // computed, which gives the same bytes as resizing the whole image.
-  int top = round_half_even((new_h - p->out_h) / 2.0);
-  int left = round_half_even((new_w - p->out_w) / 2.0);
-  Interp interp = p->resample == RESAMPLE_BILINEAR ? INTERP_BILINEAR : INTERP_BICUBIC;
-  if (new_h == h && new_w == w) {
-    // Pillow returns a copy when the size does not change: a plain crop.
-    for (int y = 0; y < p->out_h; y++)
-      memcpy(dst + (size_t)y * p->out_w * p->chans, src + ((size_t)(top + y) * w + left) * p->chans,
-             (size_t)p->out_w * p->chans);
-    return;
+  TransformPlan t = {.src_h = h,
+                     .src_w = w,
+                     .box = {0, 0, h, w},
+                     .resize_h = new_h,
+                     .resize_w = new_w,
+                     .top = round_half_even((new_h - p->out_h) / 2.0),
+                     .left = round_half_even((new_w - p->out_w) / 2.0),
+                     .out_h = p->out_h,
+                     .out_w = p->out_w,
+                     .interp = p->resample == RESAMPLE_BILINEAR ? INTERP_BILINEAR : INTERP_BICUBIC};
+  return t;
+}
+
+void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, uint8_t *dst) {
+  TransformPlan t = transform_plan_eval(p, h, w);
+  transform_apply(&t, src, p->chans, dst);
+}
+
+// ---- the GPU form of a batch of plans (kernels/resize.h) ----
+
+// Tap-table entries of one axis: first and count per output, and ksize weights per output.
+static int64_t axis_entries(int in_size, int out_size, int n, Interp interp) {
+  return (int64_t)n * (2 + image_resize_ksize(in_size, out_size, interp));
+}
+
+int64_t transform_plans_packed_bytes(const TransformPlan *plans, int n) {
+  int64_t entries = 0;
+  for (int k = 0; k < n; k++) {
+    const TransformPlan *t = &plans[k];
+    entries += axis_entries(t->box.w, t->resize_w, t->out_w, t->interp) +
+               axis_entries(t->box.h, t->resize_h, t->out_h, t->interp);
   }
-  image_resize(image_view(src, h, w, p->chans), new_h, new_w, top, left, p->out_h, p->out_w, interp,
-               dst);
+  return (int64_t)sizeof(ResizeDesc) * n + (int64_t)sizeof(int32_t) * entries;
+}
+
+// One axis's table at tables + at (image_resize_taps: first, count, then the weights); returns
+// the entries written.
+static int64_t axis_pack(int in_size, int out_size, int win0, int n, Interp interp, int32_t *tables,
+                         int64_t at, int32_t *ksize) {
+  *ksize = image_resize_ksize(in_size, out_size, interp);
+  int32_t *first = tables + at, *count = first + n;
+  image_resize_taps(in_size, out_size, win0, n, interp, first, count, count + n);
+  return (int64_t)n * (2 + *ksize);
+}
+
+void transform_plans_pack(const TransformPlan *plans, int n, int chans, const int64_t *src,
+                          void *packed, ResizeBatch *batch) {
+  ResizeDesc *desc = packed;
+  int32_t *tables = (int32_t *)(desc + n);
+  *batch = (ResizeBatch){
+      .count = n, .chans = chans, .packed_bytes = transform_plans_packed_bytes(plans, n)};
+  int64_t at = 0;
+  for (int k = 0; k < n; k++) {
+    const TransformPlan *t = &plans[k];
+    ResizeDesc *d = &desc[k];
+    *d = (ResizeDesc){.src_pitch = (int64_t)t->src_w * chans,
+                      .out_h = t->out_h,
+                      .out_w = t->out_w,
+                      .hflip = t->hflip};
+    d->src = src[k] + (int64_t)t->box.top * d->src_pitch + (int64_t)t->box.left * chans;
+    // A resize to the box's own size (transform_apply's copy) runs as a resize here: its taps
+    // are the identity (weight 1 << RESIZE_PRECISION_BITS on the pixel itself, 0 on its
+    // neighbours), which gives the copy's bytes.
+    d->taps_x = at;
+    at += axis_pack(t->box.w, t->resize_w, t->left, t->out_w, t->interp, tables, at, &d->ksize_x);
+    d->taps_y = at;
+    at += axis_pack(t->box.h, t->resize_h, t->top, t->out_h, t->interp, tables, at, &d->ksize_y);
+    // The box rows the vertical taps read (image_resize's row0, row1).
+    const int32_t *first_y = tables + d->taps_y, *count_y = first_y + t->out_h;
+    d->row0 = first_y[0];
+    d->rows = first_y[t->out_h - 1] + count_y[t->out_h - 1] - d->row0;
+    int64_t tmp_pixels = (int64_t)d->rows * t->out_w, dst_pixels = (int64_t)t->out_h * t->out_w;
+    d->tmp = batch->tmp_bytes;
+    d->dst = batch->dst_bytes;
+    batch->tmp_bytes += tmp_pixels * chans;
+    batch->dst_bytes += dst_pixels * chans;
+    if (tmp_pixels > batch->max_tmp_pixels) batch->max_tmp_pixels = tmp_pixels;
+    if (dst_pixels > batch->max_dst_pixels) batch->max_dst_pixels = dst_pixels;
+  }
 }

@@ -1,10 +1,16 @@
 // transform.h: the data pipeline's private interfaces: image transforms on uint8 HWC images, and
-// the one Dataset fact the loader needs from dataset.c.
+// the Dataset facts the loader needs from dataset.c.
 //
 // The train transform is timm's: RandomResizedCrop (crop, then Pillow's resize with
 // data.interpolation) + horizontal flip, then RandAugment or, without it, ColorJitter. The eval
 // transform is torchvision's Resize(floor(img / crop_pct)) + CenterCrop(img). Resizing is
 // Pillow's (data/image_ops.h): bilinear or bicubic, antialiased when shrinking, the same bytes.
+//
+// The geometric part of either is a TransformPlan, drawn before any pixel is read: which box of
+// the source is resized to what size, which window of that is kept, with which filter, and
+// whether it is mirrored. transform_apply runs a plan on the CPU; the loader's nvJPEG path runs
+// the same plans on the GPU (transform_plans_pack, kernels/resize.h) and keeps only the draws
+// and the colour part on the CPU.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,6 +18,7 @@
 #include "data/image_ops.h"
 #include "data/loader.h"
 #include "data/randaugment.h"
+#include "kernels/resize.h"
 #include "src/rng.h"
 
 typedef struct {
@@ -39,8 +46,41 @@ CropBox transform_rrc_box(const TransformParams *p, int h, int w, Rng *rng);
 // Mirrors img (h, w, chans) left-right in place.
 void transform_hflip(uint8_t *img, int h, int w, int chans);
 
+// The geometric part of one sample's transform, for a source image (src_h, src_w): Pillow's
+// resize of the source box to (resize_h, resize_w), of which the window (out_h, out_w) at (top,
+// left) is the output, then mirrored left-right when hflip. A resize to the box's own size is a
+// copy (Pillow returns one).
+typedef struct {
+  int src_h, src_w;
+  CropBox box;
+  int resize_h, resize_w;
+  int top, left, out_h, out_w;
+  Interp interp;
+  bool hflip;
+} TransformPlan;
+
+// Train: RandomResizedCrop's box (transform_rrc_box), the interpolation (resample_pick), then
+// the flip draw (always made, so the draw sequence does not depend on hflip): transform_train's
+// draws in its order (the resize between them draws nothing). Output (p->out_h, p->out_w).
+TransformPlan transform_plan_train(const TransformParams *p, int h, int w, Rng *rng);
+// Eval: the resize + center crop of transform_eval (no draws).
+TransformPlan transform_plan_eval(const TransformParams *p, int h, int w);
+// Runs plan on the CPU: src (plan->src_h, plan->src_w, chans), dst (plan->out_h, plan->out_w,
+// chans).
+void transform_apply(const TransformPlan *plan, const uint8_t *src, int chans, uint8_t *dst);
+
+// The GPU form of plans[0..n) (kernels/resize.h): transform_plans_packed_bytes sizes the packed
+// buffer (n ResizeDesc, then their tap tables); transform_plans_pack fills it, with image k's
+// source (plans[k].src_h, plans[k].src_w, chans) at byte src[k] of the batch's source buffer,
+// the outputs packed in order from byte 0 of its output buffer (ResizeDesc.dst says where), and
+// the launch sizes in *batch.
+int64_t transform_plans_packed_bytes(const TransformPlan *plans, int n);
+void transform_plans_pack(const TransformPlan *plans, int n, int chans, const int64_t *src,
+                          void *packed, ResizeBatch *batch);
+
 // Train, geometric part: RandomResizedCrop to (out_h, out_w), then a flip with probability
-// hflip; every draw from rng. src (h, w, p->chans), dst (p->out_h, p->out_w, p->chans).
+// hflip; every draw from rng (transform_plan_train, then transform_apply). src (h, w,
+// p->chans), dst (p->out_h, p->out_w, p->chans).
 void transform_train(const TransformParams *p, const uint8_t *src, int h, int w, Rng *rng,
                      uint8_t *dst);
 
@@ -61,3 +101,14 @@ void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, 
 // Bytes of one transformed sample, img_h * img_w * in_chans (the Dataset struct is private to
 // dataset.c; the loader sizes its batch buffers with this).
 int64_t dataset_sample_bytes(const Dataset *ds);
+
+// The loader's nvJPEG path splits dataset_load_decoded_sample (data/loader.h) around the resize
+// on the GPU. dataset_plan_sample: sample i's plan for its own file decoded to (h, w), drawn
+// from rng_make(seed, RNG_STREAM_AUGMENT, epoch, i) as dataset_load_sample draws it; *rng is
+// left where the colour draws begin. dataset_finish_planned_sample: pixels (img_h, img_w,
+// in_chans) hold that plan's output; runs the colour part with *rng and sets the label. The two
+// with transform_apply between them are dataset_load_decoded_sample, byte for byte.
+int dataset_plan_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
+                        int h, int w, TransformPlan *plan, Rng *rng, Error *err);
+int dataset_finish_planned_sample(const Dataset *ds, int64_t i, bool train, Rng *rng,
+                                  uint8_t *pixels, int *label, Error *err);

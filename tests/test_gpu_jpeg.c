@@ -1,8 +1,12 @@
 // test_gpu_jpeg.c: the nvJPEG decode path (data/jpeg_gpu.h, data.decoder = nvjpeg) against
 // stb_image, the reference: JPEGs written by stb_image_write of several sizes, gray and RGB,
 // 4:2:0 and 4:4:4, decoded in one batch by both; PNGs and damaged JPEGs left to stb; and whole
-// loader epochs, whose bytes must not depend on the number of workers. Skips (77) without nvJPEG
-// in the build or without a GPU.
+// loader epochs, whose bytes must not depend on the number of workers. The crop + resize + flip
+// on the GPU (kernels/resize.h) must give the CPU transform's bytes on the same decoded pixels,
+// exactly: on random plans, through the kernels alone and through the decoder, and over whole
+// loader epochs (ImageFolder and shards, train with RandAugment and eval, gray and RGB) against
+// the per-sample CPU transform of nvJPEG's whole decoded images. Skips (77) without nvJPEG in
+// the build or without a GPU.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdbool.h>
@@ -17,8 +21,10 @@
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"
+#include "kernels/resize.h"
 #include "src/config.h"
 #include "src/util.h"
+#include "tests/test_plans.h"
 #include "tests/test_util.h"
 
 #ifdef SWIN_HAVE_NVJPEG
@@ -199,6 +205,171 @@ static void test_left_to_stb(TestRng *r) {
   free(good);
   free(png);
   free(broken);
+}
+
+// ---- crop + resize + flip on the GPU ----
+
+// nvJPEG's whole decoded images of one batch, copied out of the decoder (its buffer is reused).
+typedef struct {
+  int n;         // images nvJPEG took
+  int file[16];  // which file each is
+  int h[16], w[16];
+  int64_t at[16];   // byte offsets in pixels
+  uint8_t *pixels;  // all of them, packed
+  int64_t bytes;
+} Decoded;
+
+static Decoded decode_whole(JpegGpu *dec, uint8_t *const *files, const size_t *sizes, int count,
+                            int chans) {
+  Decoded d = {0};
+  JpegGpuImage out[16];
+  Error err = {{0}};
+  if (jpeg_gpu_decode(dec, (const uint8_t *const *)files, sizes, count, out, &err) != 0) {
+    test_check(0, "jpeg_gpu_decode: %s", err.msg);
+    return d;
+  }
+  for (int j = 0; j < count; j++)
+    if (out[j].pixels) d.bytes += (int64_t)out[j].h * out[j].w * chans;
+  d.pixels = malloc_check((size_t)d.bytes + 1);
+  int64_t at = 0;
+  for (int j = 0; j < count; j++) {
+    if (!out[j].pixels) continue;
+    int k = d.n++;
+    d.file[k] = j, d.h[k] = out[j].h, d.w[k] = out[j].w, d.at[k] = at;
+    memcpy(d.pixels + at, out[j].pixels, (size_t)out[j].h * out[j].w * chans);
+    at += (int64_t)out[j].h * out[j].w * chans;
+  }
+  return d;
+}
+
+// The CPU reference of plans[k] on decoded image k, packed as transform_plans_pack packs.
+static uint8_t *reference_outputs(const Decoded *d, const TransformPlan *plans, const TestPacked *p,
+                                  int chans) {
+  uint8_t *want = malloc_check((size_t)p->batch.dst_bytes);
+  for (int k = 0; k < d->n; k++)
+    transform_apply(&plans[k], d->pixels + d->at[k], chans, want + test_desc(p, k)->dst);
+  return want;
+}
+
+// resize_batch_cuda alone: the decoded images uploaded, the plans packed and uploaded, the
+// intermediate rows and the outputs poisoned with 0x00 and then 0xFF before the kernels run (a
+// byte never written fails one of the two). Returns the bytes that differ from want.
+static int64_t run_kernels(const Decoded *d, const TestPacked *p, const uint8_t *want,
+                           int64_t *compared) {
+  uint8_t *src, *tmp, *dst;
+  void *packed;
+  CUDA_CHECK(cudaMalloc((void **)&src, (size_t)d->bytes + 1));
+  CUDA_CHECK(cudaMalloc((void **)&tmp, (size_t)p->batch.tmp_bytes));
+  CUDA_CHECK(cudaMalloc((void **)&dst, (size_t)p->batch.dst_bytes));
+  CUDA_CHECK(cudaMalloc(&packed, (size_t)p->batch.packed_bytes));
+  CUDA_CHECK(cudaMemcpy(src, d->pixels, (size_t)d->bytes, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(packed, p->packed, (size_t)p->batch.packed_bytes, cudaMemcpyHostToDevice));
+  uint8_t *got = malloc_check((size_t)p->batch.dst_bytes);
+  int64_t differ = 0;
+  for (int poison = 0x00; poison <= 0xFF; poison += 0xFF) {
+    CUDA_CHECK(cudaMemset(tmp, poison, (size_t)p->batch.tmp_bytes));
+    CUDA_CHECK(cudaMemset(dst, poison, (size_t)p->batch.dst_bytes));
+    CUDA_CHECK(resize_batch_cuda(src, packed, &p->batch, tmp, dst, 0));
+    CUDA_CHECK(cudaMemcpy(got, dst, (size_t)p->batch.dst_bytes, cudaMemcpyDeviceToHost));
+    differ += test_bytes_differ(got, want, p->batch.dst_bytes);
+    *compared += p->batch.dst_bytes;
+  }
+  free(got);
+  CUDA_CHECK(cudaFree(src));
+  CUDA_CHECK(cudaFree(tmp));
+  CUDA_CHECK(cudaFree(dst));
+  CUDA_CHECK(cudaFree(packed));
+  return differ;
+}
+
+// The decoder's own path: jpeg_gpu_parse, then jpeg_gpu_decode_parsed with plans (indexed by
+// file, as the loader passes them). Returns the bytes that differ from want.
+static int64_t run_decoder(JpegGpu *dec, uint8_t *const *files, const size_t *sizes, int count,
+                           const Decoded *d, const TransformPlan *plans, const TestPacked *p,
+                           const uint8_t *want, int chans, int64_t *compared) {
+  JpegGpuImage out[16];
+  TransformPlan by_file[16];
+  Error err = {{0}};
+  memset(by_file, 0, sizeof by_file);  // a file the whole decode left out fails check_plan
+  for (int k = 0; k < d->n; k++) by_file[d->file[k]] = plans[k];
+  if (jpeg_gpu_parse(dec, (const uint8_t *const *)files, sizes, count, out, &err) != 0 ||
+      jpeg_gpu_decode_parsed(dec, by_file, out, &err) != 0) {
+    test_check(0, "jpeg_gpu_parse / jpeg_gpu_decode_parsed with plans: %s", err.msg);
+    return 1;
+  }
+  int64_t differ = 0;
+  for (int k = 0; k < d->n; k++) {
+    const JpegGpuImage *im = &out[d->file[k]];
+    int64_t len = (int64_t)plans[k].out_h * plans[k].out_w * chans;
+    if (!im->pixels || im->h != d->h[k] || im->w != d->w[k]) {
+      test_check(0, "file %d: decoded whole (%dx%d), but not with a plan (%s, %dx%d)", d->file[k],
+                 d->h[k], d->w[k], im->pixels ? "decoded" : "left to stb", im->h, im->w);
+      differ += len;
+      continue;
+    }
+    differ += test_bytes_differ(im->pixels, want + test_desc(p, k)->dst, len);
+    *compared += len;
+  }
+  return differ;
+}
+
+// Random JPEGs (gray and RGB files, 4:2:0 and 4:4:4, 48 to 400 a side) decoded to 1 and to 3
+// channels; per batch, random plans of every kind (test_plans.h) run by the kernels and by the
+// decoder must give transform_apply's bytes on the decoded pixels: 0 may differ, the weights
+// being the same integers and the sums exact.
+static void test_resize_against_cpu(TestRng *r) {
+  enum { N = 10, ROUNDS = 8 };
+  uint8_t *files[N];
+  size_t sizes[N];
+  for (int k = 0; k < N; k++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/resize%d.jpg", tmp_root, k);
+    int h = 48 + test_below(r, 353), w = 48 + test_below(r, 353);
+    write_jpeg(path, r, h, w, k % 3 == 2 ? 1 : 3, k % 2 ? 90 : 95);
+    files[k] = read_whole(path, &sizes[k]);
+  }
+  for (int chans = 1; chans <= 3; chans += 2) {
+    JpegGpu *dec = NULL;
+    Error err = {{0}};
+    if (jpeg_gpu_create(&dec, N, chans, &err) != 0) {
+      test_check(0, "jpeg_gpu_create(%d channels): %s", chans, err.msg);
+      continue;
+    }
+    Decoded d = decode_whole(dec, files, sizes, N, chans);
+    if (d.n < N)
+      printf("note: nvJPEG left %d of %d files to stb (the hardware backend's limits)\n", N - d.n,
+             N);
+    int64_t kernel_differ = 0, kernel_bytes = 0, decoder_differ = 0, decoder_bytes = 0;
+    int kinds[TEST_PLAN_KINDS] = {0};
+    for (int round = 0; round < ROUNDS && d.n > 0; round++) {
+      TransformPlan plans[N];
+      for (int k = 0; k < d.n; k++) {
+        int kind = (round + k) % TEST_PLAN_KINDS;
+        plans[k] = test_random_plan(r, d.h[k], d.w[k], kind);
+        kinds[kind]++;
+      }
+      TestPacked p = test_pack(plans, d.n, chans, d.at);
+      uint8_t *want = reference_outputs(&d, plans, &p, chans);
+      kernel_differ += run_kernels(&d, &p, want, &kernel_bytes);
+      decoder_differ +=
+          run_decoder(dec, files, sizes, N, &d, plans, &p, want, chans, &decoder_bytes);
+      free(want);
+      free(p.packed);
+    }
+    test_check(kernel_differ == 0 && kernel_bytes > 0,
+               "resize_batch_cuda vs transform_apply on nvJPEG's pixels, %d channel%s: %d plans "
+               "(%d train, %d eval, %d copy-sized, %d arbitrary), two poisons: %lld of %lld "
+               "bytes differ (tol 0)",
+               chans, chans > 1 ? "s" : "", kinds[0] + kinds[1] + kinds[2] + kinds[3], kinds[0],
+               kinds[1], kinds[2], kinds[3], (long long)kernel_differ, (long long)kernel_bytes);
+    test_check(decoder_differ == 0 && decoder_bytes > 0,
+               "jpeg_gpu_decode_parsed with plans vs transform_apply on its whole decode, %d "
+               "channel%s: %lld of %lld bytes differ (tol 0)",
+               chans, chans > 1 ? "s" : "", (long long)decoder_differ, (long long)decoder_bytes);
+    free(d.pixels);
+    jpeg_gpu_destroy(dec);
+  }
+  for (int k = 0; k < N; k++) free(files[k]);
 }
 
 // ---- the loader ----
@@ -398,6 +569,176 @@ static void test_loader_bad_file(TestRng *r) {
   }
 }
 
+// ---- whole epochs against the CPU transform of nvJPEG's whole images ----
+
+// A minimal ustar member (name < 100 bytes): header, data, padding to 512.
+static void tar_member(FILE *f, const char *name, const void *data, size_t size) {
+  unsigned char h[512] = {0};
+  snprintf((char *)h, 100, "%s", name);
+  memcpy(h + 100, "0000644", 8);
+  memcpy(h + 108, "0000000", 8);
+  memcpy(h + 116, "0000000", 8);
+  snprintf((char *)h + 124, 12, "%011o", (unsigned)size);
+  memcpy(h + 136, "00000000000", 12);
+  h[156] = '0';
+  memcpy(h + 257, "ustar", 6);
+  memcpy(h + 263, "00", 2);
+  memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; i++) sum += h[i];
+  snprintf((char *)h + 148, 8, "%06o", sum);
+  static const unsigned char zeros[512];
+  if (fwrite(h, 1, 512, f) != 512 || fwrite(data, 1, size, f) != size ||
+      (size % 512 && fwrite(zeros, 1, 512 - size % 512, f) != 512 - size % 512)) {
+    fprintf(stderr, "cannot write a tar member\n");
+    exit(2);
+  }
+}
+
+// root/{train,val}/shard-00{0,1}.tar: 12 JPEGs each (NNNNNN.jpg + NNNNNN.cls, 3 classes) of
+// varied sizes.
+static void make_shards(TestRng *r, const char *root) {
+  char path[1024];
+  make_dir(root);
+  const char *splits[2] = {"train", "val"};
+  for (int s = 0; s < 2; s++) {
+    snprintf(path, sizeof path, "%s/%s", root, splits[s]);
+    make_dir(path);
+    for (int t = 0; t < 2; t++) {
+      snprintf(path, sizeof path, "%s/%s/shard-%03d.tar", root, splits[s], t);
+      FILE *f = fopen(path, "wb");
+      if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+      }
+      for (int k = 0; k < 12; k++) {
+        int id = t * 12 + k;
+        char jpg[600], name[32], cls[16];
+        snprintf(jpg, sizeof jpg, "%s/shard_sample.jpg", root);
+        write_jpeg(jpg, r, 70 + 9 * k, 130 - 6 * k, 3, k % 2 ? 90 : 95);
+        size_t size;
+        uint8_t *bytes = read_whole(jpg, &size);
+        snprintf(name, sizeof name, "%06d.jpg", id);
+        tar_member(f, name, bytes, size);
+        free(bytes);
+        snprintf(name, sizeof name, "%06d.cls", id);
+        snprintf(cls, sizeof cls, "%d\n", id % 3);
+        tar_member(f, name, cls, strlen(cls));
+      }
+      static const unsigned char end[1024];
+      if (fwrite(end, 1, sizeof end, f) != sizeof end || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+      }
+    }
+  }
+}
+
+// The previous nvJPEG path, per sample, as the reference: each of the epoch's batches (the
+// same samples, in the same batch, as the loader's) decoded whole by nvJPEG in one call, then
+// the CPU transform of each decoded image (dataset_load_decoded_sample), or stb's path for what
+// nvJPEG leaves (dataset_load_sample).
+static int reference_epoch(const Dataset *ds, bool train, int batch, const Epoch *e, int64_t count,
+                           Epoch *ref, Error *err) {
+  size_t bytes = (size_t)dataset_sample_bytes(ds);
+  *ref = (Epoch){calloc_check((size_t)count, bytes), calloc_check((size_t)count, sizeof(int)), NULL,
+                 e->batches};
+  JpegGpu *dec = NULL;
+  if (jpeg_gpu_create(&dec, batch, dataset_channels(ds), err) != 0) return -1;
+  int rc = 0;
+  for (int64_t first = 0; first < count && rc == 0; first += batch) {
+    int n = (int)(count - first < batch ? count - first : batch);
+    uint8_t *files[16];
+    size_t sizes[16];
+    JpegGpuImage out[16];
+    for (int j = 0; j < n; j++)
+      files[j] = dataset_sample_file(ds, e->samples[first + j], &sizes[j]);
+    rc = jpeg_gpu_decode(dec, (const uint8_t *const *)files, sizes, n, out, err);
+    for (int j = 0; j < n && rc == 0; j++) {
+      int64_t i = e->samples[first + j];
+      uint8_t *px = ref->pixels + (size_t)(first + j) * bytes;
+      int *label = &ref->labels[first + j];
+      rc = out[j].pixels ? dataset_load_decoded_sample(ds, i, train, 7, 0, out[j].pixels, out[j].h,
+                                                       out[j].w, px, label, err)
+                         : dataset_load_sample(ds, i, train, 7, 0, px, label, err);
+    }
+    for (int j = 0; j < n; j++) free(files[j]);
+  }
+  jpeg_gpu_destroy(dec);
+  if (rc != 0) free_epoch(ref);
+  return rc;
+}
+
+// decoder=nvjpeg with the crop + resize + flip on the GPU: epochs with 1 and 3 workers equal
+// each other and, byte for byte, the previous path (reference_epoch): ImageFolder (with a PNG,
+// which stb decodes) and shards; train with RandAugment and a random filter per sample (the
+// colour part continues the plan's draws) and eval; RGB at 36x36 and gray at 40x48 (eval's
+// non-square resize).
+static void test_loader_exact(TestRng *r) {
+  char folder[512], shards[512];
+  snprintf(folder, sizeof folder, "%s/exact_folder", tmp_root);
+  snprintf(shards, sizeof shards, "%s/exact_shards", tmp_root);
+  make_folder(r, folder, false);
+  make_shards(r, shards);
+  for (int chans = 3; chans >= 1; chans -= 2) {
+    for (int kind = 0; kind < 2; kind++) {
+      Config cfg = folder_config(kind == 0 ? folder : shards, false);
+      snprintf(cfg.dataset, sizeof cfg.dataset, "%s", kind == 0 ? "imagefolder" : "shards");
+      cfg.in_chans = chans;
+      cfg.img_h = chans == 3 ? 36 : 40;
+      cfg.img_w = chans == 3 ? 36 : 48;
+      snprintf(cfg.randaugment, sizeof cfg.randaugment, "rand-m9-mstd0.5-inc1");
+      snprintf(cfg.interpolation, sizeof cfg.interpolation, "random");
+      for (int train = 1; train >= 0; train--) {
+        Dataset *ds = NULL;
+        Error err = {{0}};
+        if (dataset_open(&ds, &cfg, train ? "train" : "val", &err) != 0) {
+          test_check(0, "dataset_open: %s", err.msg);
+          return;
+        }
+        int batch = 5;
+        Epoch one, three, ref;
+        if (run_epoch(ds, 1, true, train, batch, &one, &err) != 0) {
+          test_check(0, "loader epoch: %s", err.msg);
+          dataset_close(ds);
+          return;
+        }
+        int64_t count = train ? (int64_t)one.batches * batch : dataset_size(ds);
+        if (run_epoch(ds, 3, true, train, batch, &three, &err) != 0) {
+          test_check(0, "loader epoch: %s", err.msg);
+          free_epoch(&one);
+          dataset_close(ds);
+          return;
+        }
+        if (reference_epoch(ds, train, batch, &one, count, &ref, &err) != 0) {
+          test_check(0, "reference epoch: %s", err.msg);
+          free_epoch(&one);
+          free_epoch(&three);
+          dataset_close(ds);
+          return;
+        }
+        size_t bytes = (size_t)dataset_sample_bytes(ds);
+        bool workers_same =
+            memcmp(one.pixels, three.pixels, (size_t)count * bytes) == 0 &&
+            memcmp(one.labels, three.labels, sizeof(int) * (size_t)count) == 0 &&
+            memcmp(one.samples, three.samples, sizeof(int64_t) * (size_t)count) == 0;
+        int64_t differ = test_bytes_differ(one.pixels, ref.pixels, (int64_t)count * (int64_t)bytes);
+        bool labels_same = memcmp(one.labels, ref.labels, sizeof(int) * (size_t)count) == 0;
+        test_check(workers_same && differ == 0 && labels_same,
+                   "%s %s epoch, %dx%dx%d, GPU resize: 1 and 3 workers %s; vs the CPU transform "
+                   "of nvJPEG's whole images, %lld of %lld bytes differ (tol 0), labels %s",
+                   kind == 0 ? "imagefolder" : "shards", train ? "train" : "eval", cfg.img_h,
+                   cfg.img_w, chans, workers_same ? "identical" : "DIFFER", (long long)differ,
+                   (long long)count * (long long)bytes, labels_same ? "equal" : "DIFFER");
+        free_epoch(&one);
+        free_epoch(&three);
+        free_epoch(&ref);
+        dataset_close(ds);
+      }
+    }
+  }
+}
+
 int main(void) {
   if (!cuda_device_available()) {
     printf("SKIP: no CUDA device\n");
@@ -411,8 +752,10 @@ int main(void) {
   TestRng r = {20261201};
   test_decode_against_stb(&r);
   test_left_to_stb(&r);
+  test_resize_against_cpu(&r);
   test_loader_epochs(&r);
   test_loader_bad_file(&r);
+  test_loader_exact(&r);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
   if (system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);
