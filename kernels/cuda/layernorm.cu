@@ -1102,16 +1102,6 @@ void launch_residual_forward(T *xo, T *lo, float *mean, float *rstd, const T *xi
         xo, lo, mean, rstd, xi, br, bmap, scale, weight, bias, lmap, N, L, C);
 }
 
-// SWIN_EXPERIMENT_LN_LATE_RES=1: the register backward loads the residual gradient after the
-// row's reductions in every shape (measurement only; kernels/PERF.md).
-bool late_res_experiment() {
-  static const bool on = [] {
-    const char *e = getenv("SWIN_EXPERIMENT_LN_LATE_RES");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
 // The backward's kernel for T, as the forward chooses; returns the plan it used (its blocks
 // hold the partials: kResidualParts x C floats each). sums: the dbranch column sums are wanted.
 template <typename T>
@@ -1126,16 +1116,11 @@ BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, c
     const size_t shared = dy || sums ? p.shared_bytes : 0;
     with_reg_shape(r, [&](auto MAXV, auto LANES) {
       constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
-      auto launch = [&](auto kernel) {
-        allow_shared(kernel, shared);
-        kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
-            dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L,
-            C, p.rows_per_block, sums);
-      };
-      if (kMaxv == 1 && !late_res_experiment())
-        launch(residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, kMaxv == 1>);
-      else
-        launch(residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, false>);
+      auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, kMaxv == 1>;
+      allow_shared(kernel, shared);
+      kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
+          dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
+          p.rows_per_block, sums);
     });
     return p;
   }
