@@ -90,8 +90,8 @@ int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, i
 // deterministic.
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
                                     const void *dout, const void *qkv, float *att,
-                                    const float *table, const int *index, const float *mask,
-                                    int BW, int nW, int N, int C, int heads, float *scratch,
+                                    const float *table, const int *index, const float *mask, int BW,
+                                    int nW, int N, int C, int heads, float *scratch,
                                     cudaStream_t stream);
 #endif
 

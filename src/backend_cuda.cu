@@ -210,8 +210,9 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   int64_t need = 3 * 1024 * (int64_t)n->max_width;
   // The tensor-core attention backward's per-block dS and qkv bias sums (at most: a block
   // serves one head, N <= 64, 3 * head_dim <= 3 * max_width).
-  int64_t k = (int64_t)WINDOW_ATTENTION_CUDA_MAX_BLOCKS *
-              (WINDOW_ATTENTION_CUDA_MAX_N * WINDOW_ATTENTION_CUDA_MAX_N + 3 * (int64_t)n->max_width);
+  int64_t k =
+      (int64_t)WINDOW_ATTENTION_CUDA_MAX_BLOCKS *
+      (WINDOW_ATTENTION_CUDA_MAX_N * WINDOW_ATTENTION_CUDA_MAX_N + 3 * (int64_t)n->max_width);
   if (k > need) need = k;
   k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
       (int64_t)n->max_batch * n->max_width;
@@ -512,7 +513,8 @@ void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *d
                              const int *index, const float *mask, float *saved, int BW, int nW,
                              int N, int C, int heads) {
   OpScope scope(be, OP_ATTENTION);
-  float *scratch = scratch_of(be, window_attention_backward_cuda_scratch(be->act, BW, N, C, heads));
+  int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
+  float *scratch = scratch_of(be, need);
   window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, saved, table, index,
                                  mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
 }

@@ -571,30 +571,6 @@ static void test_loader_bad_file(TestRng *r) {
 
 // ---- whole epochs against the CPU transform of nvJPEG's whole images ----
 
-// A minimal ustar member (name < 100 bytes): header, data, padding to 512.
-static void tar_member(FILE *f, const char *name, const void *data, size_t size) {
-  unsigned char h[512] = {0};
-  snprintf((char *)h, 100, "%s", name);
-  memcpy(h + 100, "0000644", 8);
-  memcpy(h + 108, "0000000", 8);
-  memcpy(h + 116, "0000000", 8);
-  snprintf((char *)h + 124, 12, "%011o", (unsigned)size);
-  memcpy(h + 136, "00000000000", 12);
-  h[156] = '0';
-  memcpy(h + 257, "ustar", 6);
-  memcpy(h + 263, "00", 2);
-  memset(h + 148, ' ', 8);
-  unsigned sum = 0;
-  for (int i = 0; i < 512; i++) sum += h[i];
-  snprintf((char *)h + 148, 8, "%06o", sum);
-  static const unsigned char zeros[512];
-  if (fwrite(h, 1, 512, f) != 512 || fwrite(data, 1, size, f) != size ||
-      (size % 512 && fwrite(zeros, 1, 512 - size % 512, f) != 512 - size % 512)) {
-    fprintf(stderr, "cannot write a tar member\n");
-    exit(2);
-  }
-}
-
 // root/{train,val}/shard-00{0,1}.tar: 12 JPEGs each (NNNNNN.jpg + NNNNNN.cls, 3 classes) of
 // varied sizes.
 static void make_shards(TestRng *r, const char *root) {
@@ -619,11 +595,11 @@ static void make_shards(TestRng *r, const char *root) {
         size_t size;
         uint8_t *bytes = read_whole(jpg, &size);
         snprintf(name, sizeof name, "%06d.jpg", id);
-        tar_member(f, name, bytes, size);
+        test_tar_member(f, name, '0', bytes, size);
         free(bytes);
         snprintf(name, sizeof name, "%06d.cls", id);
         snprintf(cls, sizeof cls, "%d\n", id % 3);
-        tar_member(f, name, cls, strlen(cls));
+        test_tar_member(f, name, '0', cls, strlen(cls));
       }
       static const unsigned char end[1024];
       if (fwrite(end, 1, sizeof end, f) != sizeof end || fclose(f) != 0) {

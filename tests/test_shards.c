@@ -24,29 +24,6 @@ enum { IMG_H = 5, IMG_W = 6 };
 
 static char root[256];
 
-// ---- a minimal tar writer ----
-
-static void tar_member(FILE *f, const char *name, char type, const void *data, size_t size) {
-  unsigned char h[512] = {0};
-  snprintf((char *)h, 100, "%s", name);
-  memcpy(h + 100, "0000644", 8);
-  memcpy(h + 108, "0000000", 8);
-  memcpy(h + 116, "0000000", 8);
-  snprintf((char *)h + 124, 12, "%011o", (unsigned)size);
-  memcpy(h + 136, "00000000000", 12);
-  h[156] = (unsigned char)type;
-  memcpy(h + 257, "ustar", 6);
-  memcpy(h + 263, "00", 2);
-  memset(h + 148, ' ', 8);
-  unsigned sum = 0;
-  for (int i = 0; i < 512; i++) sum += h[i];
-  snprintf((char *)h + 148, 8, "%06o", sum);
-  fwrite(h, 1, 512, f);
-  fwrite(data, 1, size, f);
-  static const unsigned char zeros[512];
-  if (size % 512) fwrite(zeros, 1, 512 - size % 512, f);
-}
-
 static void write_png_cb(void *ctx, void *data, int size) {
   FILE *f = ctx;
   fwrite(data, 1, (size_t)size, f);
@@ -84,16 +61,16 @@ static void write_shard(const char *dir, int index, int first, int count) {
     size_t size;
     unsigned char *png = png_bytes(id, &size);
     snprintf(name, sizeof name, "%s.png", key);
-    if (strlen(name) >= 100) tar_member(f, "././@LongLink", 'L', name, strlen(name) + 1);
-    tar_member(f, name, '0', png, size);
+    if (strlen(name) >= 100) test_tar_member(f, "././@LongLink", 'L', name, strlen(name) + 1);
+    test_tar_member(f, name, '0', png, size);
     free(png);
     snprintf(name, sizeof name, "%s.cls", key);
-    if (strlen(name) >= 100) tar_member(f, "././@LongLink", 'L', name, strlen(name) + 1);
+    if (strlen(name) >= 100) test_tar_member(f, "././@LongLink", 'L', name, strlen(name) + 1);
     snprintf(cls, sizeof cls, "%d\n", id % 4);
-    tar_member(f, name, '0', cls, strlen(cls));
+    test_tar_member(f, name, '0', cls, strlen(cls));
     if (index == 3) {
       snprintf(name, sizeof name, "%s.json", key);
-      tar_member(f, name, '0', "{}", 2);
+      test_tar_member(f, name, '0', "{}", 2);
     }
   }
   static const unsigned char end[1024];
@@ -267,18 +244,18 @@ static void test_errors(void) {
   FILE *f = fopen(path, "wb");
   size_t size;
   unsigned char *png = png_bytes(1, &size);
-  tar_member(f, "000001.png", '0', png, size);
+  test_tar_member(f, "000001.png", '0', png, size);
   fclose(f);
   expect_open_error("an image without .cls", dir, "has an image but no .cls");
 
   f = fopen(path, "wb");
-  tar_member(f, "000001.png", '0', png, size);
-  tar_member(f, "000001.cls", '0', "cat", 3);
+  test_tar_member(f, "000001.png", '0', png, size);
+  test_tar_member(f, "000001.cls", '0', "cat", 3);
   fclose(f);
   expect_open_error("a .cls that is not a number", dir, "not a class index");
 
   f = fopen(path, "wb");
-  tar_member(f, "000001.png", '0', png, size);
+  test_tar_member(f, "000001.png", '0', png, size);
   fclose(f);
   // Flip a byte of the header's name: its checksum no longer matches.
   f = fopen(path, "r+b");

@@ -26,6 +26,33 @@ static inline void test_write_file(const char *path, const void *data, size_t n)
   }
 }
 
+// One member of a ustar archive (type '0' a file, 'L' a GNU long name for the next member):
+// header with the first 99 bytes of name, data, padding to 512 bytes; ends the test program
+// (exit 2) when it cannot write.
+static inline void test_tar_member(FILE *f, const char *name, char type, const void *data,
+                                   size_t size) {
+  unsigned char h[512] = {0};
+  snprintf((char *)h, 100, "%s", name);
+  memcpy(h + 100, "0000644", 8);
+  memcpy(h + 108, "0000000", 8);
+  memcpy(h + 116, "0000000", 8);
+  snprintf((char *)h + 124, 12, "%011o", (unsigned)size);
+  memcpy(h + 136, "00000000000", 12);
+  h[156] = (unsigned char)type;
+  memcpy(h + 257, "ustar", 6);
+  memcpy(h + 263, "00", 2);
+  memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; i++) sum += h[i];
+  snprintf((char *)h + 148, 8, "%06o", sum);
+  static const unsigned char zeros[512];
+  if (fwrite(h, 1, 512, f) != 512 || fwrite(data, 1, size, f) != size ||
+      (size % 512 && fwrite(zeros, 1, 512 - size % 512, f) != 512 - size % 512)) {
+    fprintf(stderr, "cannot write a tar member (%s)\n", name);
+    exit(2);
+  }
+}
+
 // splitmix64: a small, seedable generator for test inputs.
 typedef struct {
   uint64_t state;

@@ -1082,8 +1082,8 @@ int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, i
 
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
                                     const void *dout, const void *qkv, float *att,
-                                    const float *table, const int *index, const float *mask,
-                                    int BW, int nW, int N, int C, int heads, float *scratch,
+                                    const float *table, const int *index, const float *mask, int BW,
+                                    int nW, int N, int C, int heads, float *scratch,
                                     cudaStream_t stream) {
   check_limits("window_attention_backward_cuda", BW, N, C, heads);
   if (BW == 0) return;
@@ -1121,8 +1121,8 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
       auto kernel = window_attention_backward_kernel<T>;
       allow_smem(kernel, smem);
       kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
-          static_cast<T *>(dqkv), ds, static_cast<const T *>(dout),
-          static_cast<const T *>(qkv), att, N, C, heads, attention_scale(hd));
+          static_cast<T *>(dqkv), ds, static_cast<const T *>(dout), static_cast<const T *>(qkv),
+          att, N, C, heads, attention_scale(hd));
     });
     CUDA_CHECK_LAUNCH();
     if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
@@ -1139,8 +1139,7 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
   int rows_bound = table_rows_bound(N);
   dim3 table_grid((unsigned)((rows_bound + kTableRowsPerBlock - 1) / kTableRowsPerBlock),
                   (unsigned)heads);
-  attention_dtable_kernel<<<table_grid, kTableRowsPerBlock * 32,
-                            2 * sizeof(int) * (size_t)N * N, stream>>>(dtable, ds, index, N, heads,
-                                                                         rows_bound);
+  attention_dtable_kernel<<<table_grid, kTableRowsPerBlock * 32, 2 * sizeof(int) * (size_t)N * N,
+                            stream>>>(dtable, ds, index, N, heads, rows_bound);
   CUDA_CHECK_LAUNCH();
 }

@@ -589,7 +589,8 @@ __device__ __forceinline__ void shared_fma(float *acc, const float (&a)[VEC], co
     float4 v = reinterpret_cast<float4 *>(acc)[q];
     float *f = reinterpret_cast<float *>(&v);
 #pragma unroll
-    for (int e = 0; e < 4; e++) f[e] = b ? fmaf(a[4 * q + e], b[4 * q + e], f[e]) : f[e] + a[4 * q + e];
+    for (int e = 0; e < 4; e++)
+      f[e] = b ? fmaf(a[4 * q + e], b[4 * q + e], f[e]) : f[e] + a[4 * q + e];
     reinterpret_cast<float4 *>(acc)[q] = v;
   }
 }
@@ -606,11 +607,11 @@ __device__ __forceinline__ void shared_fma(float *acc, const float (&a)[VEC], co
 template <typename T, int VEC, int MAXV, int LANES, bool EARLY_RES>
 __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_sm(MAXV))
     residual_layernorm_backward_reg_kernel(
-    float *dres_out, T *__restrict__ dbranch, float *__restrict__ partial, const float *dres_in,
-    const T *__restrict__ dln, const T *__restrict__ x, const float *__restrict__ weight,
-    const float *__restrict__ mean, const float *__restrict__ rstd, RowMap bmap,
-    const float *__restrict__ scale, RowMap lmap, int64_t N, int64_t L, int C,
-    int64_t rows_per_block, bool sum_branch) {
+        float *dres_out, T *__restrict__ dbranch, float *__restrict__ partial, const float *dres_in,
+        const T *__restrict__ dln, const T *__restrict__ x, const float *__restrict__ weight,
+        const float *__restrict__ mean, const float *__restrict__ rstd, RowMap bmap,
+        const float *__restrict__ scale, RowMap lmap, int64_t N, int64_t L, int C,
+        int64_t rows_per_block, bool sum_branch) {
   static_assert(VEC % 4 == 0, "shared_fma works on float4");
   extern __shared__ float4 shared_f4[];
   constexpr int kRowsPerWarp = 32 / LANES;
@@ -1116,7 +1117,8 @@ BackwardPlan launch_residual_backward(float *dres_out, T *dbr, float *scratch, c
     const size_t shared = dy || sums ? p.shared_bytes : 0;
     with_reg_shape(r, [&](auto MAXV, auto LANES) {
       constexpr int kMaxv = decltype(MAXV)::value, kLanes = decltype(LANES)::value;
-      auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, kMaxv == 1>;
+      constexpr bool kEarlyRes = kMaxv == 1;
+      auto kernel = residual_layernorm_backward_reg_kernel<T, kVec16<T>, kMaxv, kLanes, kEarlyRes>;
       allow_shared(kernel, shared);
       kernel<<<(unsigned)p.blocks, p.warps * kWarp, shared, stream>>>(
           dres_out, dbr, scratch, dres_in, dy, xr, weight, mean, rstd, bmap, scale, lmap, N, L, C,
