@@ -310,22 +310,16 @@ int jpeg_gpu_parse(JpegGpu *d, const uint8_t *const *files, const size_t *sizes,
   return 0;
 }
 
-// A plan the resize can run on file j's decoded (h, w) image: its box inside the image, its
-// window inside the resize. The loader's plans always are; the check keeps a wrong one from
-// reading or writing outside the device buffers.
+// A plan the resize can run on file j's decoded image (transform_plan_check). The loader's
+// plans always are; the check keeps a wrong one from reading or writing outside the device
+// buffers.
 static int check_plan(const TransformPlan *t, int j, const JpegGpuImage *im, Error *err) {
-  const CropBox *b = &t->box;
-  bool fits = t->src_h == im->h && t->src_w == im->w && b->top >= 0 && b->left >= 0 && b->h >= 1 &&
-              b->w >= 1 && b->top + b->h <= im->h && b->left + b->w <= im->w && t->resize_h >= 1 &&
-              t->resize_w >= 1 && t->out_h >= 1 && t->out_w >= 1 && t->top >= 0 && t->left >= 0 &&
-              t->top + t->out_h <= t->resize_h && t->left + t->out_w <= t->resize_w;
-  if (fits) return 0;
+  char why[256];
+  if (transform_plan_check(t, im->h, im->w, why, sizeof why) == 0) return 0;
   return error_set(err,
-                   "nvJPEG decoder: the plan of file %d (a %dx%d image) does not fit it: made for "
-                   "%dx%d, box %dx%d at (%d, %d), resize %dx%d, window %dx%d at (%d, %d)\n"
+                   "nvJPEG decoder: the plan of file %d does not fit its image: %s\n"
                    "HINT: this is a bug in the caller's plan; data.decoder=stb avoids this path",
-                   j, im->h, im->w, t->src_h, t->src_w, b->h, b->w, b->top, b->left, t->resize_h,
-                   t->resize_w, t->out_h, t->out_w, t->top, t->left);
+                   j, why);
 }
 
 // The taken files' plans, packed for kernels/resize.h into host_packed, and the device buffers

@@ -3,6 +3,7 @@
 #include "data/transform.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,21 @@ TransformPlan transform_plan_train(const TransformParams *p, int h, int w, Rng *
   // Always drawn, so the draw sequence does not depend on hflip.
   t.hflip = rng_uniform(rng) < p->hflip;
   return t;
+}
+
+int transform_plan_check(const TransformPlan *t, int h, int w, char *why, size_t n) {
+  const CropBox *b = &t->box;
+  bool fits = t->src_h == h && t->src_w == w && b->top >= 0 && b->left >= 0 && b->h >= 1 &&
+              b->w >= 1 && b->top + b->h <= h && b->left + b->w <= w && t->resize_h >= 1 &&
+              t->resize_w >= 1 && t->out_h >= 1 && t->out_w >= 1 && t->top >= 0 && t->left >= 0 &&
+              t->top + t->out_h <= t->resize_h && t->left + t->out_w <= t->resize_w;
+  if (fits) return 0;
+  snprintf(why, n,
+           "a %dx%d image, plan made for %dx%d: box %dx%d at (%d, %d), resize %dx%d, window "
+           "%dx%d at (%d, %d)",
+           h, w, t->src_h, t->src_w, b->h, b->w, b->top, b->left, t->resize_h, t->resize_w,
+           t->out_h, t->out_w, t->top, t->left);
+  return -1;
 }
 
 void transform_apply(const TransformPlan *t, const uint8_t *src, int chans, uint8_t *dst) {

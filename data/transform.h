@@ -13,6 +13,7 @@
 // and the colour part on the CPU.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "data/image_ops.h"
@@ -65,6 +66,9 @@ typedef struct {
 TransformPlan transform_plan_train(const TransformParams *p, int h, int w, Rng *rng);
 // Eval: the resize + center crop of transform_eval (no draws).
 TransformPlan transform_plan_eval(const TransformParams *p, int h, int w);
+// 0 when plan can run on an (h, w) image: made for that size, its box inside the image, its
+// window inside the resize; else -1 with what does not fit written to why (n bytes).
+int transform_plan_check(const TransformPlan *plan, int h, int w, char *why, size_t n);
 // Runs plan on the CPU: src (plan->src_h, plan->src_w, chans), dst (plan->out_h, plan->out_w,
 // chans).
 void transform_apply(const TransformPlan *plan, const uint8_t *src, int chans, uint8_t *dst);

@@ -122,8 +122,63 @@ static void test_train_draw_order(void) {
              flips);
 }
 
+// transform_plan_check: the plans the draws make pass; each way a plan can miss its image fails,
+// and the message gives the image's size and the plan's box.
+static void test_plan_check(void) {
+  TransformParams p = {.out_h = 24,
+                       .out_w = 20,
+                       .chans = 3,
+                       .scale_min = 0.08f,
+                       .scale_max = 1.0f,
+                       .ratio_min = 0.75f,
+                       .ratio_max = 4.0f / 3.0f,
+                       .hflip = 0.5f,
+                       .crop_pct = 0.875f,
+                       .resample = RESAMPLE_RANDOM};
+  char why[256];
+  int bad = 0;
+  for (int i = 0; i < 200; i++) {
+    Rng r = rng_make(5, RNG_STREAM_AUGMENT, 0, (uint64_t)i);
+    int h = 17 + i % 60, w = 23 + i % 45;
+    TransformPlan t = transform_plan_train(&p, h, w, &r), e = transform_plan_eval(&p, h, w);
+    bad += transform_plan_check(&t, h, w, why, sizeof why) != 0;
+    bad += transform_plan_check(&e, h, w, why, sizeof why) != 0;
+  }
+  test_check(bad == 0, "transform_plan_check: 400 drawn plans (train and eval) fit (%d refused)",
+             bad);
+  Rng r = rng_make(5, RNG_STREAM_AUGMENT, 0, 7);
+  const TransformPlan good = transform_plan_train(&p, 50, 60, &r);
+  struct {
+    const char *what;
+    TransformPlan t;
+    int h, w;
+  } cases[6];
+  for (int k = 0; k < 6; k++) cases[k].t = good, cases[k].h = 50, cases[k].w = 60;
+  cases[0].what = "another image size";
+  cases[0].h = 49;
+  cases[1].what = "box past the bottom";
+  cases[1].t.box.top = 50 - cases[1].t.box.h + 1;
+  cases[2].what = "box left of the image";
+  cases[2].t.box.left = -1;
+  cases[3].what = "empty box";
+  cases[3].t.box.w = 0;
+  cases[4].what = "window past the resize";
+  cases[4].t.left = cases[4].t.resize_w - cases[4].t.out_w + 1;
+  cases[5].what = "empty output";
+  cases[5].t.out_h = 0;
+  for (int k = 0; k < 6; k++) {
+    why[0] = 0;
+    int rc = transform_plan_check(&cases[k].t, cases[k].h, cases[k].w, why, sizeof why);
+    char image[32];
+    snprintf(image, sizeof image, "a %dx%d image", cases[k].h, cases[k].w);
+    test_check(rc == -1 && strstr(why, image) && strstr(why, "box "),
+               "transform_plan_check refuses a plan with %s: \"%s\"", cases[k].what, why);
+  }
+}
+
 int main(void) {
   test_batches();
   test_train_draw_order();
+  test_plan_check();
   return test_finish();
 }
