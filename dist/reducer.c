@@ -28,9 +28,12 @@ struct GradReducer {
   ReduceDtype dtype;
   cudaStream_t stream;  // the communication stream
   cudaEvent_t *ready;   // (num_buckets) recorded on the compute stream: the bucket is written
-  cudaEvent_t
-      reduced[2];  // recorded on the communication stream after step s's last bucket: [s % 2]
-  int64_t steps;   // steps finished (grad_reducer_finish_step calls)
+  cudaEvent_t joined;   // recorded on the communication stream after the step's last bucket;
+                        // the compute stream waits for it before the update
+  // Recorded on the compute stream after step s has been queued whole (its update included),
+  // outside any captured graph, for the host's bounded waits: [s % 2].
+  cudaEvent_t reduced[2];
+  int64_t steps;  // steps finished (grad_reducer_finish_step calls)
   // Profiling: a pair of timing events around each reduction on the communication stream,
   // collected when the pool is full or at a report.
   cudaEvent_t *marks;  // (2 * PROFILE_MARKS), created when profiling first starts
@@ -118,12 +121,28 @@ static int reduce_bucket(GradReducer *r, int k) {
 
 // Model.grads_ready: every bucket lying wholly at or above lowest is final; reduce those not yet
 // reduced. Buckets are numbered from the end of the buffer down, as backward finishes them.
+// Backward reports 0 last: then every bucket has been queued, and on the GPU the compute stream
+// waits for the communication stream (the join of a captured step) before the update. Only
+// device work is queued here, so a captured step holds all of it.
 static void grads_ready(void *ctx, int64_t lowest) {
   GradReducer *r = ctx;
   while (!r->failed && r->next < r->num_buckets && r->buckets[r->next].offset >= lowest) {
     if (reduce_bucket(r, r->next) != 0) r->failed = true;
     r->next++;
   }
+  if (lowest > 0) return;
+  r->next = 0;
+#ifdef SWIN_HAVE_NCCL
+  if (r->nccl) {
+    cudaError_t e = cudaEventRecord(r->joined, r->stream);
+    if (e != cudaSuccess && !r->failed) {
+      r->failed = true;
+      error_set(&r->err, "rank %d: the end of the step's all-reduce: %s", r->comm->rank,
+                cudaGetErrorString(e));
+    }
+    r->model->be->ops->wait_event(r->model->be, r->joined);
+  }
+#endif
 }
 
 #ifdef SWIN_HAVE_NCCL
@@ -143,6 +162,7 @@ static int create_nccl(GradReducer *r, Comm *c, const Config *cfg, Error *err) {
   r->ready = calloc_check((size_t)r->num_buckets, sizeof(cudaEvent_t));
   for (int k = 0; k < r->num_buckets; k++)
     CUDA_CHECK(cudaEventCreateWithFlags(&r->ready[k], cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&r->joined, cudaEventDisableTiming));
   for (int k = 0; k < 2; k++)
     CUDA_CHECK(cudaEventCreateWithFlags(&r->reduced[k], cudaEventDisableTiming));
   return 0;
@@ -193,6 +213,7 @@ void grad_reducer_destroy(GradReducer *r) {
 #ifdef SWIN_HAVE_NCCL
   if (r->nccl) nccl_comm_destroy(r->nccl);
   for (int k = 0; r->ready && k < r->num_buckets; k++) cudaEventDestroy(r->ready[k]);
+  if (r->joined) cudaEventDestroy(r->joined);
   for (int k = 0; k < 2; k++)
     if (r->reduced[k]) cudaEventDestroy(r->reduced[k]);
   for (int i = 0; r->marks && i < 2 * PROFILE_MARKS; i++) cudaEventDestroy(r->marks[i]);
@@ -209,17 +230,13 @@ int grad_reducer_num_buckets(const GradReducer *r) {
 }
 
 int grad_reducer_finish_step(GradReducer *r, Error *err) {
-  grads_ready(r, 0);
-  r->next = 0;
   if (r->failed) {
     r->failed = false;
     return error_set(err, "%s", r->err.msg);
   }
 #ifdef SWIN_HAVE_NCCL
   if (r->nccl) {
-    cudaEvent_t done = r->reduced[r->steps % 2];
-    CUDA_CHECK(cudaEventRecord(done, r->stream));
-    r->model->be->ops->wait_event(r->model->be, done);
+    r->model->be->ops->record_event(r->model->be, r->reduced[r->steps % 2]);
     r->steps++;
     return nccl_check(r->nccl, err);
   }
@@ -230,7 +247,12 @@ int grad_reducer_finish_step(GradReducer *r, Error *err) {
 
 int grad_reducer_sync(GradReducer *r, Error *err) {
 #ifdef SWIN_HAVE_NCCL
-  if (r->nccl) return nccl_wait(r->nccl, r->stream, err);
+  // The communication stream holds the reductions of steps launched plainly; a replayed graph
+  // runs its own on the compute stream, which the last step's event follows.
+  if (r->nccl) {
+    if (nccl_wait(r->nccl, r->stream, err) != 0) return -1;
+    if (r->steps > 0) return nccl_wait_event(r->nccl, r->reduced[(r->steps - 1) % 2], err);
+  }
 #endif
   (void)r;
   (void)err;

@@ -8,7 +8,10 @@
 // CUDA backend (built with NCCL): each finished bucket's all-reduce is queued on a communication
 // stream after an event recorded on the compute stream (the backend's record_event), so it runs
 // while the compute stream goes on with backward; the compute stream waits for the communication
-// stream (wait_event) only before the optimizer reads the gradients. The host never blocks on
+// stream (wait_event) only before the optimizer reads the gradients. All of that is device work
+// queued from inside backward (Model.grads_ready), so the trainer's CUDA graph of the step
+// (src/step_graph.h) captures it with the rest; the host's part of a step (its errors, the
+// events for the host waits) is grad_reducer_finish_step, after the step. The host never blocks on
 // work that depends on another rank except through nccl_wait / nccl_wait_event, which end in an
 // error naming the rank after dist.timeout_s instead of hanging on a dead or stuck peer.
 //
@@ -43,15 +46,18 @@ int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg,
 void grad_reducer_destroy(GradReducer *r);
 int grad_reducer_num_buckets(const GradReducer *r);
 
-// After model_backward: reduces any bucket backward did not report, and orders the compute queue
-// after every reduction of this step (the optimizer may read the gradients next). Returns the
-// first error of the step's reductions; then looks once for an asynchronous NCCL error.
+// After a whole step (backward and update, plainly or as a replayed graph) has been queued: marks
+// its end for the host waits below, returns the first error of the step's reductions (when they
+// were queued, i.e. not replayed), then looks once for an asynchronous NCCL error. The
+// reductions themselves and the compute queue's wait for them before the update were queued by
+// backward (its last grads_ready report).
 int grad_reducer_finish_step(GradReducer *r, Error *err);
 // Host waits, bounded by dist.timeout_s. grad_reducer_sync: every reduction queued so far has
-// run (before reading anything back from the device). grad_reducer_sync_previous: those of the
-// step before the last one have run: enough before a host wait on a batch upload (which waits
-// for the compute of two steps ago), and the host may still queue a step ahead of the GPU. Both
-// return at once on the CPU.
+// run, and every step finished with grad_reducer_finish_step (before reading anything back from
+// the device). grad_reducer_sync_previous: the step before the last one has run, its reductions
+// included: enough before a host wait on a batch upload (which waits for the compute of two
+// steps ago), and the host may still queue a step ahead of the GPU. Both return at once on the
+// CPU.
 int grad_reducer_sync(GradReducer *r, Error *err);
 int grad_reducer_sync_previous(GradReducer *r, Error *err);
 

@@ -8,8 +8,8 @@
 # which the dataset tests read from /usr/share/datasets/fashion-mnist).
 # Usage (repo root): bash scripts/gpu_perf.sh [bench] [dist] [profile] [tests] [pytorch] [base] [memory]
 #   [detail] (no argument: bench profile tests); dist: the benchmark of Swin-T's data-parallel step
-#   (the all-reduce rows) under mpirun -np 1 (NCCL on one GPU), and with two GPUs -np 2 (128 images
-#   per GPU); detail: Nsight Compute's full sections for the kernels
+#   (the all-reduce rows) under mpirun -np 1 (NCCL on one GPU), with CUDA graphs and without, and
+#   with two GPUs -np 2 (128 images per GPU); detail: Nsight Compute's full sections for the kernels
 #   matching NCU_KERNELS (a regex; NCU_SKIP launches skipped, NCU_COUNT profiled) of Swin-T's step.
 #   memory: Swin-T's device memory per batch size (BATCHES, default 64 128 256 512 1024 2048) and
 #   the largest of BIG_BATCHES (default 3072 3584 4096 4608) that still runs.
@@ -47,6 +47,9 @@ fi
 if has dist; then
   mpirun_args=(mpirun --allow-run-as-root --bind-to none)
   step bench_dist1 180 "${mpirun_args[@]}" -np 1 build-gpu/swin_train configs/swin_tiny.ini "${bench_args[@]}"
+  # The data-parallel step launched kernel by kernel (its all-reduces outside any graph).
+  step bench_dist1_nograph 180 "${mpirun_args[@]}" -np 1 build-gpu/swin_train configs/swin_tiny.ini \
+    "${bench_args[@]}" train.cuda_graphs=off
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     step bench_dist2 180 "${mpirun_args[@]}" -np 2 build-gpu/swin_train configs/swin_tiny.ini \
       bench=1 device=cuda precision=bf16 train.batch_size=256

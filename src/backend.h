@@ -111,8 +111,10 @@ typedef struct {
   // event is a cudaEvent_t (passed as void *) that the caller created on the backend's device.
   // record_event: the event completes when the work queued so far on the compute queue has run.
   // wait_event: work queued later on the compute queue waits until the event (recorded on
-  // another stream) has completed. Neither waits on the host. The CPU's do nothing: its ops have
-  // run when they return, and its all-reduce is a blocking call.
+  // another stream) has completed. Neither waits on the host, and both may be captured into a
+  // graph (graph_begin): there they fork the caller's stream off the compute queue and join it
+  // back, and an event recorded inside a capture is nothing a host can wait for. The CPU's do
+  // nothing: its ops have run when they return, and its all-reduce is a blocking call.
   void (*record_event)(Backend *be, void *event);
   void (*wait_event)(Backend *be, void *event);
 

@@ -272,13 +272,14 @@ void cuda_stage_wait(Backend *be, int slot) {
 
 // ---- ordering against the caller's streams ------------------------------------------------------
 
+// Both may be captured: inside a capture an event recorded here and waited for by another stream
+// brings that stream's later work into the graph (a fork), and a wait here for an event that
+// stream recorded inside the capture joins it back.
 void cuda_record_event(Backend *be, void *event) {
-  refuse_in_capture(be, "record_event");
   CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), state_of(be)->compute));
 }
 
 void cuda_wait_event(Backend *be, void *event) {
-  refuse_in_capture(be, "wait_event");
   CUDA_CHECK(cudaStreamWaitEvent(state_of(be)->compute, static_cast<cudaEvent_t>(event), 0));
 }
 

@@ -17,9 +17,10 @@
 // over the ranks, so rank 0, which prints, reports the slowest), and img/s counts the images of
 // every rank.
 //
-// In one process the step is the trainer's CUDA graph where train.cuda_graphs allows it
-// (src/step_graph.h): captured in the warm-up, replayed in the timed rounds; the profiled round
-// launches every op from the host, so that each can be timed.
+// The step is the trainer's CUDA graph where train.cuda_graphs allows it (src/step_graph.h; under
+// a launcher with the all-reduces inside it): captured in the warm-up, replayed in the timed
+// rounds (the twin without the reduction is a graph of its own, captured in the warm-up too);
+// the profiled round launches every op from the host, so that each can be timed.
 #include "src/bench.h"
 
 #include <math.h>
@@ -141,27 +142,34 @@ static void bench_teardown(Bench *b) {
 // ---------------------------------------------------------------------------------------------
 // Steps and rounds
 
-// One step, the trainer's (src/train.c) on the resident batch: backward of this rank's share
-// (drop path keyed by the global index of its first image), the end of the reduction, the update;
-// then, as the trainer does, a bounded host wait for the reductions of the step before the last,
-// so the host never runs unboundedly ahead of work that depends on another rank. In one process:
-// the step's values, then learner_step, as a replayed CUDA graph where it can be.
+// One step, the trainer's (src/train.c) on the resident batch: the step's values, then
+// learner_step (backward of this rank's share, drop path keyed by the global index of its first
+// image; under a launcher the reduction inside it; the update), as a replayed CUDA graph where it
+// can be; then, as the trainer does, a bounded host wait for the step before the last, so the
+// host never runs unboundedly ahead of work that depends on another rank. When profiling, the
+// host waits (bounded) for the reduction between backward and update instead.
 static int bench_step(Bench *b, Error *err) {
   const StepBatch batch = {.images = b->pixels, .images_dtype = DTYPE_U8, .labels = b->labels};
   int64_t first_sample = (int64_t)b->comm->rank * b->B;
   learner_set_step(&b->m, &b->opt, b->step, b->cfg->lr);
-  if (!b->reducer) {
-    step_graphs_step(&b->graphs, &b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
-    b->step++;
-    return 0;
+  if (b->wait_reduced) {
+    learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
+    if (grad_reducer_sync(b->reducer, err) != 0) return -1;
+    learner_update(&b->m, &b->opt, b->cfg);
+  } else if (step_graphs_step(&b->graphs, &b->m, &b->opt, b->cfg, b->norm, &batch, b->B,
+                              first_sample, err) != 0) {
+    return -1;
   }
-  learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
-  if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
-  if (b->wait_reduced && grad_reducer_sync(b->reducer, err) != 0) return -1;
-  learner_update(&b->m, &b->opt, b->cfg);
-  if (grad_reducer_sync_previous(b->reducer, err) != 0) return -1;
   b->step++;
-  return 0;
+  if (!b->reducer) return 0;
+  if (grad_reducer_finish_step(b->reducer, err) != 0) return -1;
+  return grad_reducer_sync_previous(b->reducer, err);
+}
+
+// The step with the reduction skipped (the benchmark's twin rounds): its own graph.
+static void skip_reduction(Bench *b, bool skip) {
+  grad_reducer_skip_reduction(b->reducer, skip);
+  b->graphs.variant = skip;
 }
 
 // Waits for every queued step: the reductions first, bounded by dist.timeout_s (the compute
@@ -196,7 +204,7 @@ static int profiled_round(Bench *b, int steps, BenchResult *r, Error *err) {
   b->graphs.paused = true;  // every op launched from the host, between its timing events
   be->ops->profile(be, true);
   if (b->reducer) grad_reducer_profile(b->reducer, true);
-  b->wait_reduced = true;
+  b->wait_reduced = b->reducer != NULL;
   for (int i = 0; i < steps; i++)
     if (bench_step(b, err) != 0) return -1;
   b->wait_reduced = false;
@@ -232,6 +240,12 @@ static int bench_measure(Bench *b, BenchResult *r, Error *err) {
   memset(r, 0, sizeof *r);
   for (int i = 0; i < cfg->bench_warmup; i++)
     if (bench_step(b, err) != 0) return -1;
+  if (b->reducer) {  // the twin's step too: its graph is captured at its second step
+    skip_reduction(b, true);
+    for (int i = 0; i < 2 && i < cfg->bench_warmup; i++)
+      if (bench_step(b, err) != 0) return -1;
+    skip_reduction(b, false);
+  }
   if (bench_wait(b, err) != 0) return -1;
 
   // Rounds of 10 steps, or one round of bench.steps when fewer (a profiler's short run).
@@ -247,10 +261,10 @@ static int bench_measure(Bench *b, BenchResult *r, Error *err) {
     bool twin_first = b->reducer && k % 2 == 1;
     for (int side = 0; side < (b->reducer ? 2 : 1); side++) {
       bool twin = (side == 0) == twin_first;
-      if (twin) grad_reducer_skip_reduction(b->reducer, true);
+      if (twin) skip_reduction(b, true);
       int failed = twin ? timed_round(b, round_steps, &unreduced[k], &ignored, err)
                         : timed_round(b, round_steps, &ms[k], &waits, err);
-      if (twin) grad_reducer_skip_reduction(b->reducer, false);
+      if (twin) skip_reduction(b, false);
       if (failed) goto done;
     }
   }

@@ -205,8 +205,8 @@ static const ConfigKey config_keys[] = {
      SCALAR(eval_batch_size), .range = AT_LEAST(0)},
     {"train.cuda_graphs", KEY_ENUM, "auto",
      "the training step captured once into a CUDA graph and replayed (the same kernels, the same "
-     "bits, without a host launch per kernel): auto (on where supported: device cuda in one "
-     "process, not under a launcher), on (an error where unsupported) or off",
+     "bits, without a host launch per kernel; under a launcher with its NCCL all-reduces): auto "
+     "(on where supported: device cuda), on (an error where unsupported) or off",
      TEXT(cuda_graphs), .choices = "auto|on|off"},
 
     // [data]

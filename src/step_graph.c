@@ -10,13 +10,9 @@
 int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched,
                      Error *err) {
   memset(g, 0, sizeof *g);
+  g->launched = launched;
   const char *unsupported = NULL;
-  if (be->device != DEVICE_CUDA || !be->ops->graph_begin)
-    unsupported = "the CPU backend";
-  else if (launched)
-    unsupported =
-        "under a launcher, where the data-parallel step's gradient all-reduce and its bounded "
-        "host waits sit between backward and the update, kept out of graphs for now";
+  if (be->device != DEVICE_CUDA || !be->ops->graph_begin) unsupported = "the CPU backend";
   if (strcmp(mode, "off") == 0) {
     g->why_off = "train.cuda_graphs=off";
     return 0;
@@ -39,7 +35,8 @@ void step_graphs_destroy(StepGraphs *g, Backend *be) {
 
 static bool same_key(const StepGraphKey *a, const StepGraphKey *b) {
   return a->images == b->images && a->images_dtype == b->images_dtype && a->labels == b->labels &&
-         a->soft_targets == b->soft_targets && a->B == b->B && a->first_sample == b->first_sample;
+         a->soft_targets == b->soft_targets && a->B == b->B && a->first_sample == b->first_sample &&
+         a->variant == b->variant;
 }
 
 // Records learner_step into a graph; NULL (and err) when the backend could not capture it, in
@@ -53,15 +50,16 @@ static void *capture_step(Model *m, Optimizer *o, const Config *cfg, Normalize n
   return be->ops->graph_end(be, nodes, err);
 }
 
-void step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t first_sample) {
+int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                     const StepBatch *batch, int B, int64_t first_sample, Error *err) {
   Backend *be = m->be;
   StepGraphKey key = {.images = batch->images,
                       .images_dtype = batch->images_dtype,
                       .labels = batch->labels,
                       .soft_targets = batch->soft_targets,
                       .B = B,
-                      .first_sample = first_sample};
+                      .first_sample = first_sample,
+                      .variant = g->variant};
   int i = 0;
   while (i < g->num_entries && !same_key(&g->entries[i].key, &key)) i++;
   bool known = i < g->num_entries;
@@ -71,22 +69,27 @@ void step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, 
     if (g->on && !known && g->num_entries < STEP_GRAPHS_MAX) g->entries[g->num_entries++].key = key;
     learner_step(m, o, cfg, norm, batch, B, first_sample);
     g->plain++;
-    return;
+    return 0;
   }
   if (!g->entries[i].graph) {
-    Error err;
-    void *graph = capture_step(m, o, cfg, norm, batch, B, first_sample, &g->nodes, &err);
+    Error why;
+    void *graph = capture_step(m, o, cfg, norm, batch, B, first_sample, &g->nodes, &why);
     if (!graph) {
-      fprintf(stderr,
-              "warning: train.cuda_graphs: capturing the training step failed (%s); the run "
-              "goes on with every kernel launched from the host\n",
-              err.msg);
       step_graphs_destroy(g, be);
       g->on = false;
       g->why_off = "a capture failed";
+      if (g->launched)
+        return error_set(err,
+                         "train.cuda_graphs: capturing the data-parallel training step failed "
+                         "(%s)\nHINT: train.cuda_graphs=off launches every kernel from the host",
+                         why.msg);
+      fprintf(stderr,
+              "warning: train.cuda_graphs: capturing the training step failed (%s); the run "
+              "goes on with every kernel launched from the host\n",
+              why.msg);
       learner_step(m, o, cfg, norm, batch, B, first_sample);  // nothing captured has run
       g->plain++;
-      return;
+      return 0;
     }
     g->entries[i].graph = graph;
     g->captured++;
@@ -95,6 +98,7 @@ void step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, 
   be->ops->graph_launch(be, g->entries[i].graph);
   NVTX_POP();
   g->replayed++;
+  return 0;
 }
 
 void step_graphs_describe(const StepGraphs *g, char *buf, size_t size) {

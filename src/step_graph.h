@@ -20,11 +20,17 @@
 // may allocate or wait. Results are bitwise those of plain launches: the same kernels with the
 // same arguments in the same order on the same stream.
 //
-// Where graphs are not used: train.cuda_graphs=off; the CPU backend; under a launcher (the
-// data-parallel step: the gradient reducer's bucket events, NCCL calls and bounded host waits
-// sit between backward and the update, and stay out of graphs for now); while paused (the
-// benchmark's profiled round, whose per-op timing events cannot be captured). A capture that
-// fails prints a warning saying why, and the run goes on with plain launches.
+// Under a launcher (data parallel) the step is captured too: the gradient reducer's bucket
+// events, the communication stream's NCCL all-reduces and the join before the update are
+// recorded with it (dist/reducer.h), and what the host does per step (errors, the bounded waits)
+// stays outside, in grad_reducer_finish_step. Whether an NCCL call is captured must be the same
+// on every rank: every rank sees the same keys at the same steps, and a capture that fails
+// there is an error that ends the job (a rank falling back to plain launches alone would no
+// longer match the others' graphs).
+//
+// Where graphs are not used: train.cuda_graphs=off; the CPU backend; while paused (the
+// benchmark's profiled round, whose per-op timing events cannot be captured). In one process a
+// capture that fails prints a warning saying why, and the run goes on with plain launches.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -44,11 +50,15 @@ typedef struct {
   const float *soft_targets;
   int B;
   int64_t first_sample;
+  int variant;
 } StepGraphKey;
 
 typedef struct {
   bool on;              // capture and replay (train.cuda_graphs resolved); off after a failure
   bool paused;          // while set, steps run plainly
+  bool launched;        // under a launcher: a failed capture is an error, not a fallback
+  int variant;          // the caller's variant of the step, part of the key (the benchmark's
+                        // step without its gradient all-reduce is another graph)
   const char *why_off;  // when not on: why, for the log
   struct {
     StepGraphKey key;
@@ -60,14 +70,15 @@ typedef struct {
 } StepGraphs;
 
 // Resolves train.cuda_graphs (`mode`: auto, on or off) for a run on be; launched: the process
-// was started by a launcher (data parallel). auto is on where supported, on insists (an error
-// saying why not, with a HINT), off never captures.
+// was started by a launcher (data parallel: a failed capture ends the run). auto is on where
+// supported, on insists (an error saying why not, with a HINT), off never captures.
 int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched, Error *err);
 // Frees the graphs (before the memory they name: the model, the optimizer, the batch buffers).
 void step_graphs_destroy(StepGraphs *g, Backend *be);
 // learner_step(m, o, cfg, norm, batch, B, first_sample): a replay of batch's graph when there is
 // one, else plain launches (capturing the graph at the key's second step). Queued; nothing waits.
-void step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t first_sample);
+// Fails (err set, nothing of the step queued) only under a launcher, when a capture fails.
+int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                     const StepBatch *batch, int B, int64_t first_sample, Error *err);
 // One line for the log: "on (2 graphs of 497 nodes; 98 of 100 steps replayed)" or "off (why)".
 void step_graphs_describe(const StepGraphs *g, char *buf, size_t size);

@@ -620,9 +620,10 @@ static void trainer_teardown(Trainer *t) {
 // The step: queued on the backend, nothing waits for it. With several ranks each computes the
 // gradient of its share of the batch (drop path keyed by the global sample index), and the
 // reducer averages them over the ranks while backward runs, before the optimizer reads them.
-// In one process the step from forward to update is one learner_step, which on the GPU is a
-// replayed CUDA graph (src/step_graph.h); what changes from step to step is queued before it:
-// the step's values, the wait for the batch's upload, the batch's augmentations.
+// The step from forward to update is one learner_step, which on the GPU is a replayed CUDA graph
+// (src/step_graph.h; the reducer's all-reduces inside it); what changes from step to step is
+// queued before it: the step's values, the wait for the batch's upload, the batch's
+// augmentations.
 
 static int train_step(Trainer *t, int slot, int B, Error *err) {
   const Config *cfg = t->cfg;
@@ -642,13 +643,10 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
     batch.images_dtype = DTYPE_F32;
     batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
   }
-  if (t->reducer) {
-    learner_backward(&t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
-    if (grad_reducer_finish_step(t->reducer, err) != 0) return -1;
-    learner_update(&t->model, &t->opt, cfg);
-  } else {
-    step_graphs_step(&t->graphs, &t->model, &t->opt, cfg, t->norm, &batch, B, first_sample);
-  }
+  if (step_graphs_step(&t->graphs, &t->model, &t->opt, cfg, t->norm, &batch, B, first_sample,
+                       err) != 0)
+    return -1;
+  if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
   be->ops->stage_release(be, slot);
   t->state.step = step + 1;
   return 0;

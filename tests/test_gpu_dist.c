@@ -3,7 +3,9 @@
 //     communicator, each gradient bucket all-reduced on the communication stream behind an event
 //     of the compute stream, the optimizer waiting for the reduction, host waits through
 //     nccl_wait): with dist.reduce_dtype=fp32 it must train exactly what a single process
-//     trains, bit for bit (an average over one rank is exact), and resume exactly.
+//     trains, bit for bit (an average over one rank is exact), and resume exactly. The step is
+//     a replayed CUDA graph with the all-reduces inside it (train.cuda_graphs=auto), and the
+//     same run with train.cuda_graphs=off gives the same bits.
 //   - dist.reduce_dtype=bf16 rounds the gradients to bf16 on the way: close to the fp32 run.
 //   - With two or more GPUs: two ranks with the same global batch train what one GPU trains
 //     (within bf16 tolerance), their weights stay the same bits (the trainer compares them at
@@ -93,7 +95,16 @@ static void test_one_rank(const Config *alone) {
   char *text = job_log(log);
   test_check(strstr(text, "distributed: 1 process") && strstr(text, "(fp32)"),
              "the run went through the NCCL path (its banner)");
+  // Slots 0 and 1 each run plainly once, then are captured and replayed: 4 of 6 steps.
+  test_check(strstr(text, "cuda graphs: on (2 graphs of ") && strstr(text, "4 of 6 steps replayed"),
+             "under mpirun the step is a replayed CUDA graph (4 of 6 steps)");
   free(text);
+  Config plain = gpu_config("np1_plain", "fp32");
+  snprintf(plain.cuda_graphs, sizeof plain.cuda_graphs, "off");
+  test_check(train_ranks(&plain, 1, log, sizeof log) == 0, "mpirun -np 1, train.cuda_graphs=off");
+  test_check(
+      train_test_same_tensors(train_test_ckpt(fp32.run_dir, 6), train_test_ckpt(plain.run_dir, 6)),
+      "1 rank: the replayed graphs (NCCL inside) = plain launches, bit for bit");
   test_check(
       train_test_same_tensors(train_test_ckpt(fp32.run_dir, 6), train_test_ckpt(alone->run_dir, 6)),
       "1 rank through NCCL (fp32) = the single GPU process, bit for bit (weights, moments)");

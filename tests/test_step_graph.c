@@ -2,10 +2,11 @@
 // backend that captures: the CPU backend's table with graph ops that count their calls (the CPU
 // runs a "captured" step at once; on CUDA it would be recorded). Checks how train.cuda_graphs
 // resolves (auto / on / off, the CPU, under a launcher), that each batch buffer runs plainly once,
-// is captured at its second step and replayed after, that another batch size or buffer is another
-// graph, that a paused step runs plainly, and that a failed capture warns, frees every graph,
-// runs the step plainly and leaves graphs off. The GPU side (replays bitwise equal to plain
-// launches) is tests/test_gpu_train.c's.
+// is captured at its second step and replayed after, that another batch size, buffer or variant
+// is another graph, that a paused step runs plainly, that a failed capture warns, frees every
+// graph, runs the step plainly and leaves graphs off, and that under a launcher it is an error
+// instead. The GPU side (replays bitwise equal to plain launches, with NCCL inside under mpirun)
+// is tests/test_gpu_train.c's and tests/test_gpu_dist.c's.
 #include <stdint.h>
 
 #include "src/backend.h"
@@ -99,12 +100,12 @@ static void check_resolve(Backend *cpu, Backend *capturing) {
                  strstr(err.msg, "HINT: set train.cuda_graphs=auto"),
              "on on the CPU: refused with the key, the reason and a HINT (%s)",
              rc ? err.msg : "accepted");
-  test_check(step_graphs_init(&g, capturing, "auto", true, &err) == 0 && !g.on &&
-                 strstr(g.why_off, "launcher"),
-             "auto under a launcher: off (the data-parallel step stays out of graphs)");
-  rc = step_graphs_init(&g, capturing, "on", true, &err);
-  test_check(rc != 0 && strstr(err.msg, "launcher"), "on under a launcher: refused (%s)",
-             rc ? err.msg : "accepted");
+  test_check(step_graphs_init(&g, capturing, "auto", true, &err) == 0 && g.on && g.launched,
+             "auto under a launcher: on (the data-parallel step is captured with its all-reduce)");
+  test_check(step_graphs_init(&g, capturing, "on", true, &err) == 0 && g.on,
+             "on under a launcher: on");
+  test_check(step_graphs_init(&g, cpu, "auto", true, &err) == 0 && !g.on,
+             "auto under a launcher on the CPU: off");
 }
 
 typedef struct {
@@ -115,9 +116,13 @@ typedef struct {
   const float *soft;   // soft targets (B, classes), for a batch that has them
 } Run;
 
-static void step(StepGraphs *g, Run *r, int slot, int B) {
+static int step(StepGraphs *g, Run *r, int slot, int B) {
   learner_set_step(r->m, r->o, 0, 1e-3f);
-  step_graphs_step(g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[slot], B, 0);
+  Error err;
+  int rc =
+      step_graphs_step(g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[slot], B, 0, &err);
+  if (rc != 0) printf("     (step_graphs_step: %s)\n", err.msg);
+  return rc;
 }
 
 static void check_steps(Run *r, Backend *be, Backend *capturing) {
@@ -162,6 +167,23 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
   test_check(seen.destroys == 3 && seen.live == 0, "destroy frees the 3 graphs (%d freed)",
              seen.destroys);
 
+  // Another variant (the benchmark's step without its all-reduce) is another graph.
+  memset(&seen, 0, sizeof seen);
+  step_graphs_init(&g, capturing, "auto", false, &err);
+  step(&g, r, 0, B);
+  step(&g, r, 0, B);
+  g.variant = 1;
+  step(&g, r, 0, B);
+  step(&g, r, 0, B);
+  test_check(seen.begins == 2 && seen.launches == 2 && g.plain == 2,
+             "variant 1 on slot 0: its own graph, plain first, captured second (captures %d, "
+             "plain %lld)",
+             seen.begins, (long long)g.plain);
+  g.variant = 0;
+  step(&g, r, 0, B);
+  test_check(seen.begins == 2 && seen.launches == 3, "variant 0 replays its own graph again");
+  step_graphs_destroy(&g, be);
+
   // A capture that fails after one graph was made: a warning, every graph freed, the step run
   // plainly (on CUDA nothing of the failed capture has run), graphs off from then on.
   memset(&seen, 0, sizeof seen);
@@ -181,6 +203,30 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
              "after a failed capture every step runs plainly");
   step_graphs_describe(&g, line, sizeof line);
   test_check(strstr(line, "off") == line, "the log: '%s'", line);
+  step_graphs_destroy(&g, be);
+
+  // Under a launcher a failed capture is an error: no fallback that would leave this rank's
+  // NCCL calls out of step with the other ranks' graphs.
+  memset(&seen, 0, sizeof seen);
+  seen.fail_at_end = 1;
+  step_graphs_init(&g, capturing, "auto", true, &err);
+  int rc0 = step(&g, r, 0, B), rc1 = step(&g, r, 0, B);
+  test_check(rc0 == 0 && rc1 != 0 && !g.on && seen.live == 0 && seen.updates == 2,
+             "launcher, failed capture: an error, graphs off, the step not run plainly after it "
+             "(updates %d)",
+             seen.updates);
+  test_check(step(&g, r, 0, B) == 0 && seen.updates == 3,
+             "after the error the step runs plainly (a caller that went on)");
+  Error why;
+  seen.fail_at_end = 2;
+  step_graphs_init(&g, capturing, "auto", true, &why);
+  step(&g, r, 1, B);
+  learner_set_step(r->m, r->o, 0, 1e-3f);
+  int rc =
+      step_graphs_step(&g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[1], B, 0, &why);
+  test_check(
+      rc != 0 && strstr(why.msg, "data-parallel") && strstr(why.msg, "HINT: train.cuda_graphs=off"),
+      "the error names the data-parallel step and the key (%s)", rc ? why.msg : "none");
   step_graphs_destroy(&g, be);
 }
 
