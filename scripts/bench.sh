@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${SWIN_TRAIN:-build/swin_train}
 out=${OUT:-/tmp/swin_bench}
-modes=${MODES:-eager eager_fused compile_fused compile_fused_ro}
+modes=${MODES:-eager eager_fused compile_flex compile_fused compile_fused_ro}
 models=("$@")
 [ ${#models[@]} -eq 0 ] && models=(swin_tiny swin_base)
 mkdir -p "$out"

@@ -9,6 +9,8 @@ Usage: python3 scripts/bench_pytorch.py MODEL BATCH MODE [MODE ...]
          eager_fused    TIMM_FUSED_ATTN=2: timm calls F.scaled_dot_product_attention
          compile_fused  torch.compile of the model with fused attention
          compile_fused_ro   the same with mode='reduce-overhead' (CUDA graphs)
+         compile_flex   torch.compile with the window attention through FlexAttention, the
+                        relative-position bias and the shift mask added by a score_mod
 Each mode runs in its own process (timm reads TIMM_FUSED_ATTN when it is imported) and prints one
 JSON line: {"bench": "pytorch", "model", "mode", "batch", "img_s", "ms_per_step", "peak_gib"}.
 """
@@ -23,10 +25,38 @@ DROP_PATH = {"swin_tiny": 0.2, "swin_small": 0.3, "swin_base": 0.5, "swin_large"
 ROUND, ROUNDS, WARMUP = 10, 5, 15
 
 
+def use_flex_attention():
+    """Replaces timm's window attention by FlexAttention: scores + bias[h, q, k] (+ the shifted
+    windows' mask[window, q, k]) in a score_mod; the rest of the forward is timm's."""
+    import timm.models.swin_transformer as swin
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def forward(self, x, mask=None):
+        B_, N, C = x.shape
+        qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        bias = self._get_rel_pos_bias()[0]  # (heads, N, N)
+        if mask is None:
+            def score_mod(score, b, h, qi, ki):
+                return score + bias[h, qi, ki]
+        else:
+            num_win = mask.shape[0]  # batch index b of a window = image * num_win + window
+
+            def score_mod(score, b, h, qi, ki):
+                return score + bias[h, qi, ki] + mask[b % num_win, qi, ki]
+        x = flex_attention(q, k, v, score_mod=score_mod)
+        x = x.transpose(1, 2).reshape(B_, N, -1)
+        return self.proj_drop(self.proj(x))
+
+    swin.WindowAttention.forward = forward
+
+
 def run_mode(model, batch, mode):
     import torch
     import timm
 
+    if mode == "compile_flex":
+        use_flex_attention()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -37,7 +67,7 @@ def run_mode(model, batch, mode):
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
     fwd = net
-    if mode == "compile_fused":
+    if mode in ("compile_fused", "compile_flex"):
         fwd = torch.compile(net)
     elif mode == "compile_fused_ro":
         fwd = torch.compile(net, mode="reduce-overhead")
