@@ -19,7 +19,7 @@ void gelu_backward_cpu(float *dinp, const float *inp, const float *dout, int64_t
 // pointers, launched on `stream` (no synchronization); dinp may alias dout here too. In f32 Phi
 // is CUDA's normcdff (at most 5 ulp) and phi an expf of -x^2 / 2 with x^2 carried exactly, so
 // both are within ~1e-6 relative of the exact values; in bf16 and f16 Phi is (1 + erff(x /
-// sqrt 2)) / 2 (absolute error ~1e-7, far below their rounding; kernels/cuda/gelu.cu says why).
+// sqrt 2)) / 2 (absolute error ~1e-7, far below their rounding; kernels/cuda/gelu.cuh says why).
 // Unlike the CPU, GELU'(x) is not refitted next to its root x0 = -0.7518: there its two terms
 // (~0.23 each) cancel, and the derivative keeps an absolute error of up to ~2e-7 (relative error
 // unbounded as GELU' goes to 0), which the gradient dout * GELU' does not notice. 16-byte

@@ -69,6 +69,22 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
                           const void *dout, const void *inp, const void *weight, int64_t N, int IC,
                           int OC, float *scratch);
 
+// A linear layer for small K of our own (kernels/cuda/gemm_small_k.cu), bf16 only, with the
+// bias and optionally the exact GELU in its epilogue: an experiment against linear_forward_cuda
+// + gelu_forward_cuda (scripts/bench_gemm_small_k.cu), not yet used by the model.
+//   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on
+//   tensor cores and rounded to bf16 once; when post (N, OC) is not NULL, also post = GELU(pre
+//   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise
+//   gelu_forward_cuda(DTYPE_BF16, post, pre, N * OC, stream) of this pre.
+// All __nv_bfloat16 device pointers, launched on stream (no synchronization).
+// Limits: IC 96 or 192 (a tile's whole K sits in shared memory), OC a positive multiple of 32,
+// any N >= 0, every pointer but bias 16-byte aligned. linear_small_k_supported(IC, OC) says
+// whether a shape is served; callers check it, and the forward aborts with a message naming
+// the argument on anything else (an internal error).
+bool linear_small_k_supported(int IC, int OC);
+void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
+                                 const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
+
 // Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
 // x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows
 // in scratch (column_sums_cuda_scratch(rows, cols) floats), on a tiling that depends on (rows,

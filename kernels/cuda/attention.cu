@@ -315,11 +315,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 // ---- tensor-core path (bf16 / f16) --------------------------------------------------------------
 // One (window, head) is at most 64 tokens: 4 warps each own 16 query rows of the 64-row padded
 // tile (the padding lives in shared memory and registers only, never in global memory). Products
-// are mma.sync.m16n8k16 with f32 accumulation. Fragment layouts (PTX ISA, m16n8k16, 16-bit A/B),
-// with g = lane / 4 and t = lane % 4:
-//   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
-//   B 16x8 (k x n): b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
-//   C 16x8: c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
+// are mma.sync.m16n8k16 with f32 accumulation (fragment layouts: kernels/cuda/common.cuh).
 // Every tile lives in shared memory row-major (token, channel) as it lies in global memory, and
 // the operands come from ldmatrix: plain where the product runs over channels (q k^T, dO v^T),
 // .trans where it runs over tokens (P v, dS k, dS^T q, P^T dO). Rows are padded by 8 elements
@@ -365,101 +361,10 @@ static_assert(kTcWarps * 3 * WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM * sizeof(float) 
               "the backward's per-warp qkv bias sums fit in its P tile");
 constexpr int kTcForwardBlocks = 132 * kTcForwardBlocksPerSm;
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
-                                                        uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                 uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t smem_address(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// Four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)),
-               "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// The A operand of rows r0.. and channels kk.. of a row-major tile (row length LD).
-template <int LD, typename T>
-__device__ __forceinline__ void a_rows(uint32_t (&a)[4], const T *tile, int r0, int kk, int lane) {
-  ldsm_x4(a, tile + (r0 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
-}
-// The A operand (m = columns c0.., k = rows kk..) of a row-major tile read transposed: for
-// dS^T q and P^T dO, whose rows are the keys (the tiles' columns).
-template <int LD, typename T>
-__device__ __forceinline__ void a_cols(uint32_t (&a)[4], const T *tile, int c0, int kk, int lane) {
-  const int m = lane >> 3;
-  ldsm_x4_trans(a, tile + (kk + (m >> 1) * 8 + (lane & 7)) * LD + c0 + (m & 1) * 8);
-}
-// B operands (k = channels kk..kk+15, n = rows n0..n0+15: two n-tiles) of a row-major tile: the
-// right factor of a product over channels (k^T in q k^T, v^T in dO v^T). b[0], b[1] serve rows
-// n0..n0+7, b[2], b[3] rows n0+8...
-template <int LD, typename T>
-__device__ __forceinline__ void b_rows(uint32_t (&b)[4], const T *tile, int n0, int kk, int lane) {
-  const int m = lane >> 3;
-  ldsm_x4(b, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * LD + kk + (m & 1) * 8);
-}
-// B operands (k = rows kk..kk+15, n = channels n0..n0+15: two n-tiles) of a row-major tile: the
-// right factor of a product over tokens (v in P v, k in dS k, q in dS^T q, dO in P^T dO).
-template <int LD, typename T>
-__device__ __forceinline__ void b_cols(uint32_t (&b)[4], const T *tile, int n0, int kk, int lane) {
-  const int m = lane >> 3;
-  ldsm_x4_trans(b, tile + (kk + (m & 1) * 8 + (lane & 7)) * LD + n0 + (m >> 1) * 8);
 }
 
 // The A operand of k-step q (keys 16q..16q+15) from a 16 x 8KT accumulator tile (KT n-tiles),

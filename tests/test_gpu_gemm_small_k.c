@@ -1,0 +1,199 @@
+// test_gpu_gemm_small_k.c: linear_small_k_forward_cuda (kernels/gemm.h), the bf16 small-K linear
+// layer with the bias and GELU in its epilogue, against the fp32 CPU reference.
+//   pre (N, OC) against linear_forward_cpu on the same bf16-rounded inputs, element by element;
+//   post (N, OC) against gelu_forward_cpu of that reference, element by element, and bitwise
+//   against gelu_forward_cuda(DTYPE_BF16) run on the kernel's own pre;
+//   post == NULL leaves the post buffer untouched; bias == NULL adds nothing.
+// Shapes: Swin-T's (IC, OC) of stages 0 and 1 with N = 1, 77, 4099 (one and two partial row
+// tiles) and 50,000 (many tiles per CTA); widths that are not multiples of 96 (the 64- and
+// 32-column slices) once each. Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
+#include "tests/test_gpu_util.h"
+
+#ifdef SWIN_HAVE_CUDA
+#include "kernels/gelu.h"
+#include "kernels/gemm.h"
+
+typedef struct {
+  int IC, OC;
+} SmallKShape;
+
+static const SmallKShape swin_shapes[] = {
+    {96, 96}, {96, 288}, {96, 384}, {192, 192}, {192, 576}, {192, 768},
+};
+static const int64_t swin_rows[] = {1, 77, 4099, 50000};
+// Widths served by the narrower slices (OC % 96 != 0).
+static const SmallKShape other_shapes[] = {{96, 128}, {192, 64}, {96, 160}};
+
+typedef struct {
+  bool bias, post;
+} SmallKMode;
+
+// Tolerances, per element, from the sizes of the terms. The kernel and the CPU both sum the K
+// products in f32, in different orders (tensor cores align addends to the largest exponent and
+// truncate, Fasi et al. 2021): each side is within ~K 2^-24 S of the exact sum, S = sum |x_k w_k|
+// + |b|, so the two differ by at most K 2^-23 S; doubled for the tensor cores' truncation,
+// K 2^-22 S. The kernel then rounds once to bf16 (8 significant bits): 2^-9 |y| more. An
+// indexing error moves an element by ~S / sqrt(K), 1000x beyond the accumulation term.
+static double pre_bound(double y, double S, int K) {
+  return 0x1p-9 * fabs(y) + K * 0x1p-22 * S;
+}
+// post = bf16(G~(p)) against G(y), G~ the GPU's bf16 GELU: |G'| <= 1.13 carries p's error e
+// (at most pre_bound) through G; the final rounding adds 2^-9 |G(p)| <= 2^-9 (|G(y)| + 1.13 e);
+// G~'s Phi is within 2.5e-7 of Phi (kernels/cuda/gelu.cuh), times |p|: 4e-7 (|y| + e) covers it
+// and the CPU's own f32 error.
+static double post_bound(double y, double gy, double e) {
+  return 1.13 * e + 0x1p-9 * (fabs(gy) + 1.13 * e) + 4e-7 * (fabs(y) + e);
+}
+
+static uint16_t *to_bf16_bits(const float *x, int64_t n) {
+  uint16_t *b = malloc_check(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+  for (int64_t i = 0; i < n; i++) b[i] = f32_to_bf16(x[i]);
+  return b;
+}
+static void *upload_bf16(const float *x, int64_t n) {
+  uint16_t *b = to_bf16_bits(x, n);
+  void *d = gpu_alloc(sizeof(uint16_t) * (size_t)n);
+  CUDA_CHECK(cudaMemcpy(d, b, sizeof(uint16_t) * (size_t)n, cudaMemcpyHostToDevice));
+  free(b);
+  return d;
+}
+static uint16_t *download_bits(const void *d, int64_t n) {
+  uint16_t *b = malloc_check(sizeof(uint16_t) * (size_t)n);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(b, d, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost));
+  return b;
+}
+static void *poisoned_bf16(int64_t n) {
+  void *d = gpu_alloc(sizeof(uint16_t) * (size_t)n);
+  CUDA_CHECK(cudaMemset(d, 0xFF, sizeof(uint16_t) * (size_t)n));
+  return d;
+}
+
+// Every element of got (bf16 bits) within bound(i) of want; prints the worst ratio err / bound
+// and where it is.
+static int check_within(const char *ctx, const char *tensor, const uint16_t *got, const float *want,
+                        const double *bound, int64_t N, int OC) {
+  int64_t worst = 0, bad = 0;
+  double worst_ratio = -1.0;
+  for (int64_t i = 0; i < N * OC; i++) {
+    double g = bf16_to_f32(got[i]), err = fabs(g - want[i]);
+    double ratio = isfinite(g) ? err / bound[i] : INFINITY;
+    if (!(ratio <= 1.0)) bad++;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  double g = bf16_to_f32(got[worst]);
+  return test_check(bad == 0,
+                    "%s: %s (%lld, %d) %lld elements out of bound; worst [%lld, %lld] gpu %.7g "
+                    "cpu %.7g err %.3e bound %.3e",
+                    ctx, tensor, (long long)N, OC, (long long)bad, (long long)(worst / OC),
+                    (long long)(worst % OC), g, (double)want[worst], fabs(g - want[worst]),
+                    bound[worst]);
+}
+
+static int check_same_bits(const char *ctx, const char *what, const uint16_t *a, const uint16_t *b,
+                           int64_t N, int OC) {
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < N * OC; i++)
+    if (a[i] != b[i]) {
+      if (first < 0) first = i;
+      differ++;
+    }
+  if (first < 0)
+    return test_check(1, "%s: %s bitwise equal (%lld values)", ctx, what, (long long)(N * OC));
+  return test_check(0, "%s: %s: %lld of %lld differ, first [%lld, %lld] 0x%04x vs 0x%04x", ctx,
+                    what, (long long)differ, (long long)(N * OC), (long long)(first / OC),
+                    (long long)(first % OC), a[first], b[first]);
+}
+
+static void check_case(int IC, int OC, int64_t N, SmallKMode mode, TestRng *rng) {
+  char ctx[160];
+  snprintf(ctx, sizeof ctx, "linear_small_k N=%lld IC=%d OC=%d (%s, %s)", (long long)N, IC, OC,
+           mode.bias ? "bias" : "no bias", mode.post ? "GELU post" : "post NULL");
+  const int64_t nin = N * IC, nw = (int64_t)OC * IC, nout = N * OC;
+  // Pre-activations of spread ~1.7 (x in [-1, 1), w in [-5, 5) / sqrt(IC), b in [-1, 1)), so
+  // GELU is exercised on both sides of 0 and into its tails.
+  const float wscale = 5.0f / sqrtf((float)IC);
+  float *x = test_random_act(rng, DTYPE_BF16, nin, -1.0f, 1.0f);
+  float *w = test_random_act(rng, DTYPE_BF16, nw, -wscale, wscale);
+  float *b = test_random_act(rng, DTYPE_BF16, OC, -1.0f, 1.0f);
+  const float *bias = mode.bias ? b : NULL;
+
+  // The reference, and S = |x| |w|^T + |b| for the bounds.
+  float *y = test_alloc_floats(nout), *S = test_alloc_floats(nout);
+  linear_forward_cpu(y, x, w, bias, N, IC, OC);
+  float *ax = test_copy_floats(x, nin), *aw = test_copy_floats(w, nw),
+        *ab = test_copy_floats(b, OC);
+  for (int64_t i = 0; i < nin; i++) ax[i] = fabsf(ax[i]);
+  for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(aw[i]);
+  for (int i = 0; i < OC; i++) ab[i] = fabsf(ab[i]);
+  linear_forward_cpu(S, ax, aw, mode.bias ? ab : NULL, N, IC, OC);
+
+  void *d_x = upload_bf16(x, nin), *d_w = upload_bf16(w, nw), *d_b = upload_bf16(b, OC);
+  void *d_pre = poisoned_bf16(nout), *d_post = poisoned_bf16(nout);
+  linear_small_k_forward_cuda(d_pre, mode.post ? d_post : NULL, d_x, d_w, mode.bias ? d_b : NULL, N,
+                              IC, OC, 0);
+  CUDA_CHECK(cudaGetLastError());
+  uint16_t *pre = download_bits(d_pre, nout), *post = download_bits(d_post, nout);
+
+  double *bound = malloc_check(sizeof(double) * (size_t)nout);
+  for (int64_t i = 0; i < nout; i++) bound[i] = pre_bound(y[i], S[i], IC);
+  check_within(ctx, "pre", pre, y, bound, N, OC);
+
+  if (mode.post) {
+    float *gy = test_alloc_floats(nout);
+    gelu_forward_cpu(gy, y, nout);
+    for (int64_t i = 0; i < nout; i++) bound[i] = post_bound(y[i], gy[i], bound[i]);
+    check_within(ctx, "post", post, gy, bound, N, OC);
+    // The GELU pass on this kernel's pre must give the same bits.
+    void *d_gelu = poisoned_bf16(nout);
+    gelu_forward_cuda(DTYPE_BF16, d_gelu, d_pre, nout, 0);
+    uint16_t *gelu = download_bits(d_gelu, nout);
+    check_same_bits(ctx, "post vs gelu_forward_cuda(pre)", post, gelu, N, OC);
+    free(gelu);
+    cudaFree(d_gelu);
+    free(gy);
+  } else {
+    int64_t touched = 0;
+    for (int64_t i = 0; i < nout; i++) touched += post[i] != 0xFFFFu;
+    test_check(touched == 0, "%s: post buffer untouched (%lld of %lld changed)", ctx,
+               (long long)touched, (long long)nout);
+  }
+
+  void *bufs[] = {d_x, d_w, d_b, d_pre, d_post};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
+  float *hs[] = {x, w, b, y, S, ax, aw, ab};
+  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
+  free(pre);
+  free(post);
+  free(bound);
+}
+
+// The shape query agrees with the header's limits.
+static void check_supported(void) {
+  bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
+            linear_small_k_supported(96, 32) && !linear_small_k_supported(128, 384) &&
+            !linear_small_k_supported(384, 96) && !linear_small_k_supported(96, 100) &&
+            !linear_small_k_supported(96, 0);
+  test_check(ok, "linear_small_k_supported: IC 96 or 192, OC a positive multiple of 32");
+}
+#endif
+
+int main(void) {
+  GPU_TEST_MAIN_BEGIN();
+#ifdef SWIN_HAVE_CUDA
+  TestRng rng = {.state = 0x5a11c};
+  const SmallKMode fused = {.bias = true, .post = true};
+  check_supported();
+  for (size_t s = 0; s < sizeof swin_shapes / sizeof swin_shapes[0]; s++)
+    for (size_t r = 0; r < sizeof swin_rows / sizeof swin_rows[0]; r++)
+      check_case(swin_shapes[s].IC, swin_shapes[s].OC, swin_rows[r], fused, &rng);
+  for (size_t s = 0; s < sizeof other_shapes / sizeof other_shapes[0]; s++)
+    check_case(other_shapes[s].IC, other_shapes[s].OC, 4099, fused, &rng);
+  check_case(96, 384, 4099, (SmallKMode){.bias = true, .post = false}, &rng);
+  check_case(192, 192, 77, (SmallKMode){.bias = false, .post = true}, &rng);
+#endif
+  return test_finish();
+}
