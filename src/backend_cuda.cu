@@ -409,9 +409,26 @@ void cuda_batch_augment(Backend *be, float *images, const BatchAugment *p, Erase
   batch_augment_cuda(images, p, boxes, B, H, W, C, state_of(be)->compute);
 }
 
+// Layers on 96 input features in bf16 (Swin-T's stage 0) go to our small-K kernel, fc1 with the
+// GELU in its epilogue (kernels/PERF.md, version 12; timed as a GEMM); cuBLASLt and the GELU pass
+// everywhere else, where they are faster.
+bool use_small_k(const Backend *be, int IC, int OC, const void *out, const void *inp,
+                 const void *weight, const void *pre) {
+  auto aligned = [](const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
+  return be->act == DTYPE_BF16 && IC == 96 && linear_small_k_supported(IC, OC) && aligned(out) &&
+         aligned(inp) && aligned(weight) && aligned(pre);
+}
+
 void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
   CudaState *st = state_of(be);
+  if (use_small_k(be, IC, OC, out, inp, weight, act == ACTIVATION_GELU ? pre : nullptr)) {
+    OpScope scope(be, OP_GEMM);
+    linear_small_k_forward_cuda(act == ACTIVATION_GELU ? pre : out,
+                                act == ACTIVATION_GELU ? out : nullptr, inp, weight, bias, N, IC,
+                                OC, st->compute);
+    return;
+  }
   {
     OpScope scope(be, OP_GEMM);
     linear_forward_cuda(st->gemm, be->act, act == ACTIVATION_GELU ? pre : out, inp, weight, bias, N,

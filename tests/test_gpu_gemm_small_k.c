@@ -32,17 +32,18 @@ typedef struct {
 // products in f32, in different orders (tensor cores align addends to the largest exponent and
 // truncate, Fasi et al. 2021): each side is within ~K 2^-24 S of the exact sum, S = sum |x_k w_k|
 // + |b|, so the two differ by at most K 2^-23 S; doubled for the tensor cores' truncation,
-// K 2^-22 S. The kernel then rounds once to bf16 (8 significant bits): 2^-9 |y| more. An
-// indexing error moves an element by ~S / sqrt(K), 1000x beyond the accumulation term.
+// K 2^-22 S. The kernel then rounds once to bf16 (8 significant bits, so a relative error of at
+// most 2^-8): 2^-8 |y| more. An indexing error moves an element by ~S / sqrt(K), 1000x beyond the
+// accumulation term.
 static double pre_bound(double y, double S, int K) {
-  return 0x1p-9 * fabs(y) + K * 0x1p-22 * S;
+  return 0x1p-8 * fabs(y) + K * 0x1p-22 * S;
 }
 // post = bf16(G~(p)) against G(y), G~ the GPU's bf16 GELU: |G'| <= 1.13 carries p's error e
-// (at most pre_bound) through G; the final rounding adds 2^-9 |G(p)| <= 2^-9 (|G(y)| + 1.13 e);
+// (at most pre_bound) through G; the final rounding adds 2^-8 |G(p)| <= 2^-8 (|G(y)| + 1.13 e);
 // G~'s Phi is within 2.5e-7 of Phi (kernels/cuda/gelu.cuh), times |p|: 4e-7 (|y| + e) covers it
 // and the CPU's own f32 error.
 static double post_bound(double y, double gy, double e) {
-  return 1.13 * e + 0x1p-9 * (fabs(gy) + 1.13 * e) + 4e-7 * (fabs(y) + e);
+  return 1.13 * e + 0x1p-8 * (fabs(gy) + 1.13 * e) + 4e-7 * (fabs(y) + e);
 }
 
 static uint16_t *to_bf16_bits(const float *x, int64_t n) {
