@@ -71,7 +71,7 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 
 // A linear layer for small K of our own (kernels/cuda/gemm_small_k.cu), bf16 only, with the
 // bias and optionally the exact GELU in its epilogue: an experiment against linear_forward_cuda
-// + gelu_forward_cuda (scripts/bench_gemm_small_k.cu); the model takes it for K = 96 in bf16.
+// + gelu_forward_cuda (scripts/bench_gemm_small_k.cu), not yet used by the model.
 //   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on
 //   tensor cores and rounded to bf16 once; when post (N, OC) is not NULL, also post = GELU(pre
 //   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise
@@ -84,19 +84,6 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 bool linear_small_k_supported(int IC, int OC);
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                  const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
-// The MLP backward's pair for fc2 on the same kernel (bf16, C = 96, H a multiple of 96):
-//   dpre (N, H) = (dout (N, C) weight (C, H), rounded to bf16) * GELU'(pre (N, H)),
-//   hidden (N, H) = GELU(pre) (the forward recomputed, fc2's dweight input),
-// by the bf16 GELU backward pass's arithmetic: bitwise what linear_backward_cuda's dinp product
-// followed by gelu_recompute_backward_cuda would give from this kernel's own product. dpre_sums
-// (H, f32, or NULL) += the column sums of dpre as stored (fc1's bias gradient), through per-CTA
-// partials in a fixed order: bitwise the same run after run on one GPU. scratch:
-// linear_small_k_gelu_backward_scratch(C, H) floats, 16-byte aligned (it also holds weight
-// transposed). weight is fc2's (C, H) as stored.
-int64_t linear_small_k_gelu_backward_scratch(int C, int H);
-void linear_small_k_gelu_backward_cuda(void *dpre, void *hidden, float *dpre_sums, const void *dout,
-                                       const void *pre, const void *weight, int64_t N, int C, int H,
-                                       float *scratch, cudaStream_t stream);
 
 // Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
 // x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows

@@ -5,9 +5,7 @@
 //   (b) linear_small_k_forward_cuda with post = NULL;
 //   and for the MLP's first layer (fc1) also
 //   (c) cuBLASLt + gelu_forward_cuda (the model's path today);
-//   (d) linear_small_k_forward_cuda with post (the fused GELU);
-//   and stage 0's fc2 input gradient with the GELU backward: cuBLASLt + the GELU backward pass
-//   against linear_small_k_gelu_backward_cuda.
+//   (d) linear_small_k_forward_cuda with post (the fused GELU).
 // Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
 // TB/s counts the bytes a layer must move, 2 N IC + 2 N OC (x 2 with post), for every variant:
 // (c) moves 2 N OC x 2 more than that (the GELU pass reads pre back), so its figure is the
@@ -156,45 +154,6 @@ int main() {
     }
     __nv_bfloat16 *bufs[] = {inp, weight, bias, pre, post};
     for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
-  }
-  // The MLP backward of stage 0: fc2's input gradient (K = C = 96) with the GELU backward,
-  // cuBLASLt's product + gelu_recompute_backward_cuda (with fc1's bias sums) against
-  // linear_small_k_gelu_backward_cuda. Bytes it must move: dout 2 N C, pre 2 N H read; dpre
-  // and hidden 2 N H each written.
-  {
-    const int64_t N = 401408;
-    const int C = 96, H = 384;
-    __nv_bfloat16 *dout = random_bf16(N * C, 4, 1.0f, stream);
-    __nv_bfloat16 *weight = random_bf16((int64_t)C * H, 5, 0.1f, stream);
-    __nv_bfloat16 *pre = random_bf16(N * H, 6, 2.0f, stream);
-    __nv_bfloat16 *dpre = nullptr, *hidden = nullptr;
-    CUDA_CHECK(cudaMalloc(&dpre, sizeof(__nv_bfloat16) * (size_t)(N * H)));
-    CUDA_CHECK(cudaMalloc(&hidden, sizeof(__nv_bfloat16) * (size_t)(N * H)));
-    float *sums = nullptr, *scratch = nullptr;
-    const int64_t floats =
-        std::max(column_sums_cuda_scratch(N, H), linear_small_k_gelu_backward_scratch(C, H));
-    CUDA_CHECK(cudaMalloc(&sums, sizeof(float) * H));
-    CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * (size_t)floats));
-    CUDA_CHECK(cudaMemset(sums, 0, sizeof(float) * H));
-    const double a = median_us(stream, [&] {
-      linear_backward_cuda(g, DTYPE_BF16, dpre, nullptr, nullptr, dout, nullptr, weight, N, H, C,
-                           nullptr);
-      gelu_recompute_backward_cuda(DTYPE_BF16, hidden, dpre, pre, dpre, N, H, sums, scratch,
-                                   stream);
-    });
-    const double b = median_us(stream, [&] {
-      linear_small_k_gelu_backward_cuda(dpre, hidden, sums, dout, pre, weight, N, C, H, scratch,
-                                        stream);
-    });
-    const double bytes = 2.0 * N * C + 3 * 2.0 * N * H;
-    printf(
-        "s0 fc2 backward (N %lld, C %d, H %d): cuBLASLt + GELU backward pass %.1f us (%.2f TB/s), "
-        "fused %.1f us (%.2f TB/s), ratio %.3f\n",
-        (long long)N, C, H, a, tb_per_s(bytes, a), b, tb_per_s(bytes, b), b / a);
-    __nv_bfloat16 *bufs[] = {dout, weight, pre, dpre, hidden};
-    for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
-    CUDA_CHECK(cudaFree(sums));
-    CUDA_CHECK(cudaFree(scratch));
   }
   gemm_context_destroy(g);
   CUDA_CHECK(cudaStreamDestroy(stream));

@@ -450,26 +450,11 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
 }
 
 // d(hidden) first, then one pass over pre gives GELU(pre) (the dweight product's input), dpre
-// and dpre's column sums (in stage 0, both in the small-K kernel: kernels/PERF.md, version 12);
-// then the dweight product.
+// and dpre's column sums; then the dweight product.
 void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
                                float *dpre_bias, const void *dout, const void *pre,
                                const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
-  // Stage 0 in bf16 (OC = 96): the product and the GELU backward in one small-K kernel.
-  auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
-  const char *e = getenv("SWIN_EXPERIMENT_SMALL_K_BWD");
-  if ((!e || e[0] != '0') && be->act == DTYPE_BF16 && OC == 96 && IC % 96 == 0 &&
-      aligned(dpre) && aligned(hidden) && aligned(dout) && aligned(pre)) {
-    {
-      OpScope scope(be, OP_GEMM);
-      float *scratch = scratch_of(be, linear_small_k_gelu_backward_scratch(OC, IC));
-      linear_small_k_gelu_backward_cuda(dpre, hidden, dpre_bias, dout, pre, weight, N, OC, IC,
-                                        scratch, st->compute);
-    }
-    cuda_linear_backward(be, nullptr, dweight, nullptr, dout, hidden, weight, N, IC, OC);
-    return;
-  }
   {
     OpScope scope(be, OP_GEMM);
     linear_backward_cuda(st->gemm, be->act, dpre, nullptr, nullptr, dout, nullptr, weight, N, IC,

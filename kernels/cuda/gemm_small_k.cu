@@ -150,87 +150,16 @@ __device__ __forceinline__ void warp_store(bf16 *__restrict__ pre, bf16 *__restr
   __syncwarp();  // the staging tile is rewritten by the next row tile
 }
 
-// The backward's epilogue (linear_small_k_gelu_backward_cuda): the warp's (32, BN / 2) products
-// g, rounded to bf16 (what a GEMM would store), give with x = gin (pre) at the same place
-// dout = g GELU'(x) and out = GELU(x), by the bf16 GELU backward pass's own arithmetic
-// (kernels/cuda/gelu.cu), so both are bitwise that pass's on this g. colsum (2 columns per lane:
-// lane and lane + 32 of the warp's columns, the second only when BN / 2 > 32) += the column sums
-// of dout as stored, rows in order. Rows at or past N are neither stored nor summed.
-template <int IC, int BN>
-__device__ __forceinline__ void warp_store_gelu_backward(
-    bf16 *__restrict__ dout, bf16 *__restrict__ out, const bf16 *__restrict__ gin, bf16 *stage,
-    const float (&acc)[2][SmallKLayout<IC, BN>::kNTiles][4], float (&colsum)[2], int64_t row0,
-    int64_t N, int OC, int col0, int lane) {
-  using L = SmallKLayout<IC, BN>;
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-    for (int nj = 0; nj < L::kNTiles; nj++) {
-      bf16 *s = stage + (mi * 16 + g) * L::kLdStage + nj * 8 + 2 * t;
-      const float *c = acc[mi][nj];
-      *reinterpret_cast<uint32_t *>(s) = pack2<bf16>(c[0], c[1]);
-      *reinterpret_cast<uint32_t *>(s + 8 * L::kLdStage) = pack2<bf16>(c[2], c[3]);
-    }
-  __syncwarp();
-  constexpr int kChunks = L::kWarpCols / 8;
-  const int64_t left = N - row0;
-  const int rows = left < kWarpRows ? (int)left : kWarpRows;
-#pragma unroll
-  for (int i = lane; i < kWarpRows * kChunks; i += 32) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    if (r >= rows) break;
-    bf16 *s = stage + r * L::kLdStage + c;
-    const int64_t o = (row0 + r) * OC + col0 + c;
-    float x[8], d[8], y[8];
-    load_vec<bf16, 8>(x, gin + o);
-    load_vec<bf16, 8>(d, s);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-      float cdf, pdf;
-      normal_cdf_pdf<bf16>(x[k], &cdf, &pdf);
-      y[k] = x[k] * cdf;
-      d[k] *= fmaf(x[k], pdf, cdf);
-    }
-    store_vec<bf16, 8>(out + o, y);
-    store_vec<bf16, 8>(dout + o, d);
-    store_vec<bf16, 8>(s, d);  // as stored, for the column sums
-  }
-  __syncwarp();
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int c = lane + 32 * h;
-    if (c >= L::kWarpCols) break;
-    for (int r = 0; r < rows; r++) colsum[h] += to_float<bf16>(stage[r * L::kLdStage + c]);
-  }
-  __syncwarp();  // the staging tile is rewritten by the next row tile
-}
-
-// What a launch of linear_small_k_kernel is given. Forward: out (N, OC) = inp (N, IC) weight
-// (OC, IC)^T + bias (OC or NULL) and out2 = GELU(out) when not NULL. Backward (kBackward):
-// out = the product, rounded, times GELU'(gin), out2 = GELU(gin) (gin (N, OC)), and partial
-// (groups, OC) the CTA group's column sums of out.
-struct SmallKArgs {
-  bf16 *out, *out2;
-  float *partial;
-  const bf16 *inp, *weight, *bias, *gin;
-  int64_t N;
-  int OC, slices;
-  int64_t groups;
-};
-
-// Grid: groups * slices CTAs (see the top of the file), dynamic shared memory
+// pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC or NULL); post (N, OC) = GELU(pre) when
+// not NULL. Grid: groups * slices CTAs (see the top of the file), dynamic shared memory
 // SmallKLayout<IC, BN>::kSmemBytes.
-template <int IC, int BN, bool kBackward>
-__global__ void __launch_bounds__(kThreads) linear_small_k_kernel(SmallKArgs args) {
+template <int IC, int BN>
+__global__ void __launch_bounds__(kThreads)
+    linear_small_k_kernel(bf16 *__restrict__ pre, bf16 *__restrict__ post,
+                          const bf16 *__restrict__ inp, const bf16 *__restrict__ weight,
+                          const bf16 *__restrict__ bias, int64_t N, int OC, int slices,
+                          int64_t groups) {
   using L = SmallKLayout<IC, BN>;
-  bf16 *__restrict__ pre = args.out;
-  bf16 *__restrict__ post = args.out2;
-  const bf16 *__restrict__ inp = args.inp;
-  const bf16 *__restrict__ weight = args.weight;
-  const bf16 *__restrict__ bias = args.bias;
-  const int64_t N = args.N, groups = args.groups;
-  const int OC = args.OC, slices = args.slices;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *w_tile = reinterpret_cast<bf16 *>(smem);
   bf16 *in_tiles = w_tile + L::kWeightElems;  // two (64, IC) buffers
@@ -250,7 +179,6 @@ __global__ void __launch_bounds__(kThreads) linear_small_k_kernel(SmallKArgs arg
 #pragma unroll
     for (int e = 0; e < 2; e++)
       bias_v[nj][e] = bias ? to_float<bf16>(bias[col0 + nj * 8 + 2 * (lane % 4) + e]) : 0.0f;
-  float colsum[2] = {0.0f, 0.0f};
 
   copy_rows_async<IC, L::kLd>(w_tile, weight + (int64_t)slice * BN * IC, BN, BN);
   if (group < tiles)
@@ -270,27 +198,7 @@ __global__ void __launch_bounds__(kThreads) linear_small_k_kernel(SmallKArgs arg
 
     float acc[2][L::kNTiles][4] = {};
     warp_product<IC, BN>(acc, in_tiles + buf * L::kInputElems, w_tile, warp_row, warp_col, lane);
-    if constexpr (kBackward)
-      warp_store_gelu_backward<IC, BN>(pre, post, args.gin, stage, acc, colsum,
-                                       tile * kRows + warp_row, N, OC, col0, lane);
-    else
-      warp_store<IC, BN>(pre, post, stage, acc, bias_v, tile * kRows + warp_row, N, OC, col0, lane);
-  }
-  if constexpr (kBackward) {
-    // The group's column sums: the upper warps' rows first, then the lower warps' added to them
-    // (a fixed order), into row `group` of partial at this slice's columns.
-    __syncthreads();  // every warp is done with the input tiles, reused here
-    float *sums = reinterpret_cast<float *>(in_tiles);
-    if (warp_row != 0)
-      for (int h = 0; h < 2; h++)
-        if (lane + 32 * h < L::kWarpCols) sums[warp_col + lane + 32 * h] = colsum[h];
-    __syncthreads();
-    if (warp_row == 0 && group < groups)
-      for (int h = 0; h < 2; h++) {
-        const int c = warp_col + lane + 32 * h;
-        if (lane + 32 * h < L::kWarpCols)
-          args.partial[group * OC + slice * BN + c] = colsum[h] + sums[c];
-      }
+    warp_store<IC, BN>(pre, post, stage, acc, bias_v, tile * kRows + warp_row, N, OC, col0, lane);
   }
 }
 
@@ -301,13 +209,11 @@ int slice_columns(int OC) {
   return OC % 96 == 0 ? 96 : OC % 64 == 0 ? 64 : OC % 32 == 0 ? 32 : 0;
 }
 
-// The CTA groups of a launch (one wave, at most one per row tile, at most kMaxGroups).
-constexpr int64_t kMaxGroups = 1024;
-
-template <int IC, int BN, bool kBackward>
-int64_t small_k_groups(int64_t N, int OC) {
+template <int IC, int BN>
+void launch_small_k(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, const bf16 *bias,
+                    int64_t N, int OC, cudaStream_t stream) {
   using L = SmallKLayout<IC, BN>;
-  auto kernel = linear_small_k_kernel<IC, BN, kBackward>;
+  auto kernel = linear_small_k_kernel<IC, BN>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)L::kSmemBytes));
   int device = 0, sms = 0, per_sm = 0;
@@ -315,36 +221,15 @@ int64_t small_k_groups(int64_t N, int OC) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, L::kSmemBytes));
+  // One wave: as many row groups as resident CTAs allow, at most one per row tile.
   const int slices = OC / BN;
   const int64_t tiles = (N + kRows - 1) / kRows;
   int64_t groups = (int64_t)sms * (per_sm > 0 ? per_sm : 1) / slices;
   if (groups < 1) groups = 1;
   if (groups > tiles) groups = tiles;
-  return groups < kMaxGroups ? groups : kMaxGroups;
-}
-
-template <int IC, int BN, bool kBackward>
-void launch_small_k_args(SmallKArgs args, cudaStream_t stream) {
-  using L = SmallKLayout<IC, BN>;
-  args.slices = args.OC / BN;
-  args.groups = small_k_groups<IC, BN, kBackward>(args.N, args.OC);
-  linear_small_k_kernel<IC, BN, kBackward>
-      <<<(unsigned)(args.groups * args.slices), kThreads, L::kSmemBytes, stream>>>(args);
+  kernel<<<(unsigned)(groups * slices), kThreads, L::kSmemBytes, stream>>>(
+      pre, post, inp, weight, bias, N, OC, slices, groups);
   CUDA_CHECK_LAUNCH();
-}
-
-template <int IC, int BN>
-void launch_small_k(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, const bf16 *bias,
-                    int64_t N, int OC, cudaStream_t stream) {
-  SmallKArgs args = {};
-  args.out = pre;
-  args.out2 = post;
-  args.inp = inp;
-  args.weight = weight;
-  args.bias = bias;
-  args.N = N;
-  args.OC = OC;
-  launch_small_k_args<IC, BN, false>(args, stream);
 }
 
 template <int IC>
@@ -373,56 +258,7 @@ void launch_for_ic(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, c
   abort();
 }
 
-// wt (H, C) = w (C, H) transposed, bf16: fc2's weight as the (out, K) operand of the small-K
-// product. One thread per element, reads coalesced.
-__global__ void transpose_weight_kernel(bf16 *__restrict__ wt, const bf16 *__restrict__ w, int C,
-                                        int H) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= C * H) return;
-  const int c = i / H, h = i % H;
-  wt[(int64_t)h * C + c] = w[i];
-}
-
 }  // namespace
-
-int64_t linear_small_k_gelu_backward_scratch(int C, int H) {
-  // The transposed weight (bf16, in floats, rounded up to 16 bytes), then the partials.
-  return ((int64_t)C * H / 2 + 3) / 4 * 4 + kMaxGroups * H;
-}
-
-void linear_small_k_gelu_backward_cuda(void *dpre, void *hidden, float *dpre_sums, const void *dout,
-                                       const void *pre, const void *weight, int64_t N, int C, int H,
-                                       float *scratch, cudaStream_t stream) {
-  if (C != 96) small_k_refuse("C (the product's K)", C);
-  if (slice_columns(H) != 96) small_k_refuse("H (a multiple of 96 here)", H);
-  if (N < 0) small_k_refuse("N", (long long)N);
-  if (N == 0) return;
-  if (!aligned16(dpre)) small_k_refuse("dpre (address)", (long long)(uintptr_t)dpre);
-  if (!aligned16(hidden)) small_k_refuse("hidden (address)", (long long)(uintptr_t)hidden);
-  if (!aligned16(dout)) small_k_refuse("dout (address)", (long long)(uintptr_t)dout);
-  if (!aligned16(pre)) small_k_refuse("pre (address)", (long long)(uintptr_t)pre);
-  if (!aligned16(scratch)) small_k_refuse("scratch (address)", (long long)(uintptr_t)scratch);
-  bf16 *wt = reinterpret_cast<bf16 *>(scratch);
-  float *partial = scratch + ((int64_t)C * H / 2 + 3) / 4 * 4;
-  const int n = C * H;
-  transpose_weight_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-      wt, static_cast<const bf16 *>(weight), C, H);
-  CUDA_CHECK_LAUNCH();
-  SmallKArgs args = {};
-  args.out = static_cast<bf16 *>(dpre);
-  args.out2 = static_cast<bf16 *>(hidden);
-  args.partial = partial;
-  args.inp = static_cast<const bf16 *>(dout);
-  args.weight = wt;
-  args.gin = static_cast<const bf16 *>(pre);
-  args.N = N;
-  args.OC = H;
-  launch_small_k_args<96, 96, true>(args, stream);
-  if (dpre_sums) {
-    const int64_t groups = small_k_groups<96, 96, true>(N, H);
-    column_partials_reduce_cuda(dpre_sums, partial, groups, H, stream);
-  }
-}
 
 bool linear_small_k_supported(int IC, int OC) {
   return (IC == 96 || IC == 192) && slice_columns(OC) != 0;
