@@ -678,8 +678,6 @@ static void replicate_gray(uint8_t *img, int64_t pixels, int chans) {
   }
 }
 
-// Decodes sample i's file to (h, w, transform.chans) pixels; NULL with why (a buffer of
-// why_size) when it cannot be read or decoded, or is too large.
 // Where sample i's image lives, for messages: its file, or its shard and offset.
 static void sample_where(const Dataset *ds, int64_t i, char *buf, size_t size) {
   if (ds->kind == DATASET_SHARDS)
@@ -689,18 +687,31 @@ static void sample_where(const Dataset *ds, int64_t i, char *buf, size_t size) {
     snprintf(buf, size, "%s", ds->paths[i]);
 }
 
+// Adds the time since *t0 to stage s of times (when there are times) and moves *t0 to now.
+static void stage_time(LoaderStageTimes *times, LoaderStage s, double *t0) {
+  if (!times) return;
+  double now = time_now_s();
+  times->seconds[s] += now - *t0;
+  *t0 = now;
+}
+
+// Decodes sample i's file to (h, w, transform.chans) pixels; NULL with why (a buffer of
+// why_size) when it cannot be read or decoded, or is too large.
 static uint8_t *decode_image(const Dataset *ds, int64_t i, int *h, int *w, char *why,
-                             size_t why_size) {
+                             size_t why_size, LoaderStageTimes *times) {
   Error read_err;
   size_t size = 0;
+  double t0 = times ? time_now_s() : 0;
   uint8_t *file = ds->kind == DATASET_SHARDS ? shards_read(&ds->shards, i, &size, &read_err)
                                              : read_file(ds->paths[i], &size, &read_err);
+  stage_time(times, LOADER_READ, &t0);
   if (!file) {
     snprintf(why, why_size, "%.*s", (int)why_size - 1, read_err.msg);
     return NULL;
   }
   uint8_t *img = image_decode(file, size, ds->transform.chans, h, w, why, why_size);
   free(file);
+  stage_time(times, LOADER_DECODE, &t0);
   return img;
 }
 
@@ -733,11 +744,11 @@ static void note_bad(const Dataset *ds, int64_t i, const char *why) {
 // the replacement depends only on the files, never on threads or timing. *source gets the
 // sample used.
 static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uint8_t **img, int *h,
-                              int *w, Error *err) {
+                              int *w, LoaderStageTimes *times, Error *err) {
   char why[512] = "each was found not to decode before";
   for (int64_t tries = 0, j = i; tries < ds->n; tries++, j = (j + 1) % ds->n) {
     if (ds->skip_bad && is_known_bad(ds, j)) continue;
-    *img = decode_image(ds, j, h, w, why, sizeof why);
+    *img = decode_image(ds, j, h, w, why, sizeof why, times);
     if (*img) {
       *source = j;
       return 0;
@@ -774,15 +785,28 @@ static void finish_image(const Dataset *ds, int64_t source, bool train, Rng *rng
   *label = ds->kind == DATASET_SHARDS ? ds->shards.label[source] : ds->class_of[source];
 }
 
+const char *const loader_stage_names[LOADER_STAGES] = {"read",      "parse",  "decode",
+                                                       "geometric", "colour", "upload"};
+
 static void transform_image(const Dataset *ds, int64_t source, const uint8_t *img, int h, int w,
-                            bool train, Rng *rng, uint8_t *pixels, int *label) {
+                            bool train, Rng *rng, uint8_t *pixels, int *label,
+                            LoaderStageTimes *times) {
+  double t0 = times ? time_now_s() : 0;
   TransformPlan plan = plan_image(ds, h, w, train, rng);
   transform_apply(&plan, img, ds->transform.chans, pixels);
+  stage_time(times, LOADER_GEOMETRIC, &t0);
   finish_image(ds, source, train, rng, pixels, label);
+  stage_time(times, LOADER_COLOUR, &t0);
 }
 
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err) {
+  return dataset_load_sample_timed(ds, i, train, seed, epoch, pixels, label, NULL, err);
+}
+
+int dataset_load_sample_timed(const Dataset *ds, int64_t i, bool train, uint64_t seed,
+                              int64_t epoch, uint8_t *pixels, int *label, LoaderStageTimes *times,
+                              Error *err) {
   if (i < 0 || i >= ds->n) {
     return error_set(err, "%s: sample %lld is out of range", ds->describe, (long long)i);
   }
@@ -811,8 +835,9 @@ int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   int64_t source = i;  // the sample whose image is used: i, or its replacement under skip_bad
   int w = 0, h = 0;
   uint8_t *img = NULL;
-  if (load_image_or_next(ds, i, &source, &img, &h, &w, err) != 0) return -1;
-  transform_image(ds, source, img, h, w, train, &rng, pixels, label);
+  if (load_image_or_next(ds, i, &source, &img, &h, &w, times, err) != 0) return -1;
+  transform_image(ds, source, img, h, w, train, &rng, pixels, label, times);
+  if (times) times->images++;
   image_free(img);
   return 0;
 }
@@ -847,7 +872,7 @@ int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64
                                 int *label, Error *err) {
   if (check_decoded(ds, i, err) != 0) return -1;
   Rng rng = rng_make(seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
-  transform_image(ds, i, img, h, w, train, &rng, pixels, label);
+  transform_image(ds, i, img, h, w, train, &rng, pixels, label, NULL);
   return 0;
 }
 
@@ -859,9 +884,16 @@ int dataset_plan_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed,
   return 0;
 }
 
-int dataset_finish_planned_sample(const Dataset *ds, int64_t i, bool train, Rng *rng,
-                                  uint8_t *pixels, int *label, Error *err) {
+int dataset_plan_colour(const Dataset *ds, int64_t i, bool train, Rng *rng, ImageAugStep *steps,
+                        int max_steps, int *nsteps, int *label, Error *err) {
   if (check_decoded(ds, i, err) != 0) return -1;
-  finish_image(ds, i, train, rng, pixels, label);
+  *nsteps = train ? transform_color_draw(&ds->transform, rng, steps, max_steps) : 0;
+  *label = ds->kind == DATASET_SHARDS ? ds->shards.label[i] : ds->class_of[i];
   return 0;
+}
+
+ImageAugFill dataset_colour_fill(const Dataset *ds) {
+  ImageAugFill fill = {{0}};
+  memcpy(fill.v, ds->transform.fill, sizeof ds->transform.fill);
+  return fill;
 }

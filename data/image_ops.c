@@ -379,8 +379,7 @@ static double round15(double v) {
   return strtod(buf, NULL);
 }
 
-// Pillow's Transpose: 180 degrees, and 90 / 270 (counter-clockwise) of a square image.
-static void rotate_quarter(ImageView s, int quarters, uint8_t *dst) {
+void image_rotate_quarters(ImageView s, int quarters, uint8_t *dst) {
   int C = s.chans, n = s.w;
   for (int y = 0; y < s.h; y++) {
     for (int x = 0; x < s.w; x++) {
@@ -394,22 +393,37 @@ static void rotate_quarter(ImageView s, int quarters, uint8_t *dst) {
   }
 }
 
-void image_rotate(ImageView src, double degrees, Interp interp, const uint8_t *fill, uint8_t *dst) {
+ImageRotation image_rotation(int h, int w, double degrees) {
+  ImageRotation rot = {.quarters = -1};
   double angle = fmod(degrees, 360.0);  // Python's %: the sign of the divisor
   if (angle != 0 && angle < 0) angle += 360.0;
-  if (angle == 0 || angle == 180 || ((angle == 90 || angle == 270) && src.w == src.h)) {
-    rotate_quarter(src, (int)(angle / 90), dst);
-    return;
+  if (angle == 0 || angle == 180 || ((angle == 90 || angle == 270) && w == h)) {
+    rot.quarters = (int)(angle / 90);
+    return rot;
   }
-  double cx = src.w / 2.0, cy = src.h / 2.0;
+  double cx = w / 2.0, cy = h / 2.0;
   double r = -(angle * (PI_DOUBLE / 180.0));
-  double m[6] = {round15(cos(r)), round15(sin(r)), 0.0, round15(-sin(r)), round15(cos(r)), 0.0};
+  double *m = rot.matrix;
+  m[0] = round15(cos(r));
+  m[1] = round15(sin(r));
+  m[2] = 0.0;
+  m[3] = round15(-sin(r));
+  m[4] = round15(cos(r));
+  m[5] = 0.0;
   // Python: a * x + b * y + c, evaluated left to right.
   double tx = m[0] * -cx + m[1] * -cy + m[2];
   double ty = m[3] * -cx + m[4] * -cy + m[5];
   m[2] = tx + cx;
   m[5] = ty + cy;
-  image_affine(src, m, interp, fill, dst);
+  return rot;
+}
+
+void image_rotate(ImageView src, double degrees, Interp interp, const uint8_t *fill, uint8_t *dst) {
+  ImageRotation rot = image_rotation(src.h, src.w, degrees);
+  if (rot.quarters >= 0)
+    image_rotate_quarters(src, rot.quarters, dst);
+  else
+    image_affine(src, rot.matrix, interp, fill, dst);
 }
 
 // ---- lookup-table ops (Pillow ImageOps; timm's solarize_add) ----
@@ -514,7 +528,7 @@ void image_enhance_color(uint8_t *img, int h, int w, int chans, double factor) {
   int64_t pixels = (int64_t)h * w;
   uint8_t *gray = malloc_check((size_t)pixels * 3);
   for (int64_t i = 0; i < pixels; i++)
-    gray[3 * i] = gray[3 * i + 1] = gray[3 * i + 2] = image_luma(img + 3 * i);
+    gray[3 * i] = gray[3 * i + 1] = gray[3 * i + 2] = image_aug_luma(img + 3 * i);
   blend_into(img, gray, pixels * 3, factor);
   free(gray);
 }
@@ -524,7 +538,7 @@ void image_enhance_contrast(uint8_t *img, int h, int w, int chans, double factor
   // ImageStat's mean of the luma histogram, summed in double in bin order.
   int64_t hist[256] = {0};
   for (int64_t i = 0; i < pixels; i++)
-    hist[chans == 3 ? image_luma(img + 3 * i) : img[i * chans]]++;
+    hist[chans == 3 ? image_aug_luma(img + 3 * i) : img[i * chans]]++;
   double sum = 0.0;
   for (int j = 0; j < 256; j++) sum += (double)j * (double)hist[j];
   int mean = (int)(sum / (double)pixels + 0.5);
@@ -575,4 +589,65 @@ void image_enhance_sharpness(uint8_t *img, int h, int w, int chans, double facto
   smooth3x3(img, h, w, chans, smooth);
   blend_into(img, smooth, n, factor);
   free(smooth);
+}
+
+// ---- augmentation steps (kernels/image_aug.h) ----
+
+void image_apply_step(const ImageAugStep *s, const uint8_t *fill, uint8_t *img, int h, int w,
+                      int chans, uint8_t *scratch) {
+  int64_t n = (int64_t)h * w * chans;
+  switch (s->op) {
+    case IMAGE_AUG_AUTOCONTRAST:
+      image_autocontrast(img, h, w, chans);
+      return;
+    case IMAGE_AUG_EQUALIZE:
+      image_equalize(img, h, w, chans);
+      return;
+    case IMAGE_AUG_INVERT:
+      image_invert(img, n);
+      return;
+    case IMAGE_AUG_POSTERIZE:
+      image_posterize(img, n, s->level);
+      return;
+    case IMAGE_AUG_SOLARIZE:
+      image_solarize(img, n, s->level);
+      return;
+    case IMAGE_AUG_SOLARIZE_ADD:
+      image_solarize_add(img, n, s->level, IMAGE_AUG_SOLARIZE_ADD_BELOW);
+      return;
+    case IMAGE_AUG_COLOR:
+      image_enhance_color(img, h, w, chans, s->factor);
+      return;
+    case IMAGE_AUG_CONTRAST:
+      image_enhance_contrast(img, h, w, chans, s->factor);
+      return;
+    case IMAGE_AUG_BRIGHTNESS:
+      image_enhance_brightness(img, h, w, chans, s->factor);
+      return;
+    case IMAGE_AUG_SHARPNESS:
+      image_enhance_sharpness(img, h, w, chans, s->factor);
+      return;
+    case IMAGE_AUG_AFFINE:
+      memcpy(scratch, img, (size_t)n);
+      image_affine(image_view(scratch, h, w, chans), s->matrix,
+                   s->bicubic ? INTERP_BICUBIC : INTERP_BILINEAR, fill, img);
+      return;
+    case IMAGE_AUG_TRANSPOSE:
+      memcpy(scratch, img, (size_t)n);
+      image_rotate_quarters(image_view(scratch, h, w, chans), s->level, img);
+      return;
+    default:
+      return;
+  }
+}
+
+void image_apply_steps(const ImageAugStep *steps, int n, const uint8_t *fill, uint8_t *img, int h,
+                       int w, int chans) {
+  uint8_t *scratch = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!scratch && (steps[i].op == IMAGE_AUG_AFFINE || steps[i].op == IMAGE_AUG_TRANSPOSE))
+      scratch = malloc_check((size_t)h * w * chans);
+    image_apply_step(&steps[i], fill, img, h, w, chans, scratch);
+  }
+  free(scratch);
 }

@@ -15,6 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/image_aug.h"
+
 typedef enum { INTERP_BILINEAR = 0, INTERP_BICUBIC = 1 } Interp;
 
 // A view of an image: pixel (y, x) channel c at px[y * stride + x * chans + c].
@@ -54,6 +56,17 @@ void image_affine(ImageView src, const double a[6], Interp interp, const uint8_t
 // Pillow's img.rotate(degrees, resample, fillcolor=fill) (counter-clockwise, about the center,
 // same size; the 0 / 180 / square 90 / 270 fast paths included).
 void image_rotate(ImageView src, double degrees, Interp interp, const uint8_t *fill, uint8_t *dst);
+// How image_rotate turns an (h, w) image by degrees: Pillow's Transpose by `quarters` quarter
+// turns counter-clockwise (0, 2, or 1 and 3 of a square image), or, with quarters -1, the affine
+// map `matrix` (image_affine's a) that Pillow builds: the angle's cos and sin rounded to 15
+// decimals, about the center. The RandAugment steps (kernels/image_aug.h) take it from here too.
+typedef struct {
+  int quarters;
+  double matrix[6];
+} ImageRotation;
+ImageRotation image_rotation(int h, int w, double degrees);
+// Pillow's Transpose: src turned by quarters (0..3; 1 and 3 need a square image) into dst.
+void image_rotate_quarters(ImageView src, int quarters, uint8_t *dst);
 
 // In place on img (h, w, chans), each channel by its own histogram where Pillow's is per band.
 void image_autocontrast(uint8_t *img, int h, int w, int chans);
@@ -70,8 +83,13 @@ void image_enhance_contrast(uint8_t *img, int h, int w, int chans, double factor
 void image_enhance_brightness(uint8_t *img, int h, int w, int chans, double factor);
 void image_enhance_sharpness(uint8_t *img, int h, int w, int chans, double factor);
 
-// Pillow's convert("L") of RGB: ITU-R 601-2 luma in 16-bit fixed point, (r 19595 + g 38470 +
-// b 7471 + 2^15) >> 16.
-static inline uint8_t image_luma(const uint8_t *rgb) {
-  return (uint8_t)((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
-}
+// One augmentation step (kernels/image_aug.h) on img (h, w, chans) in place, by the functions
+// above: the CPU path of the steps that randaugment_draw and color_jitter_draw make
+// (data/randaugment.h), and the spec of the batched kernels. fill (chans) is the geometric ops'
+// outside colour and scratch (h * w * chans bytes) the copy of img that they read: AFFINE and
+// TRANSPOSE use both, other steps neither (NULL is fine there).
+void image_apply_step(const ImageAugStep *step, const uint8_t *fill, uint8_t *img, int h, int w,
+                      int chans, uint8_t *scratch);
+// steps[0..n) in order, with a scratch image of its own where one needs it.
+void image_apply_steps(const ImageAugStep *steps, int n, const uint8_t *fill, uint8_t *img, int h,
+                       int w, int chans);

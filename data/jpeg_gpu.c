@@ -54,6 +54,41 @@ int jpeg_gpu_decode(JpegGpu *dec, const uint8_t *const *files, const size_t *siz
   return jpeg_gpu_parse(dec, files, sizes, count, out, err);
 }
 
+int jpeg_gpu_decode_into(JpegGpu *dec, const TransformPlan *plans, const ImageAugStep *steps,
+                         int nsteps, ImageAugFill fill, uint8_t *batch, int64_t sample_bytes,
+                         JpegGpuImage *out, Error *err) {
+  (void)dec, (void)plans, (void)steps, (void)nsteps, (void)fill, (void)batch, (void)sample_bytes;
+  (void)out;
+  return error_set(err, "data.decoder = nvjpeg, but this build has no nvJPEG\n%s", HINT_BUILD);
+}
+
+int jpeg_gpu_upload(JpegGpu *dec, uint8_t *device_dst, const uint8_t *host_src, size_t bytes,
+                    Error *err) {
+  (void)dec, (void)device_dst, (void)host_src, (void)bytes;
+  return error_set(err, "data.decoder = nvjpeg, but this build has no nvJPEG\n%s", HINT_BUILD);
+}
+
+int jpeg_gpu_download(JpegGpu *dec, uint8_t *host_dst, const uint8_t *device_src, size_t bytes,
+                      Error *err) {
+  (void)dec, (void)host_dst, (void)device_src, (void)bytes;
+  return error_set(err, "data.decoder = nvjpeg, but this build has no nvJPEG\n%s", HINT_BUILD);
+}
+
+int jpeg_gpu_finish(JpegGpu *dec, JpegGpuTimes *times, Error *err) {
+  (void)dec, (void)err;
+  if (times) *times = (JpegGpuTimes){0};
+  return 0;
+}
+
+uint8_t *jpeg_gpu_device_alloc(size_t bytes) {
+  (void)bytes;
+  return NULL;
+}
+
+void jpeg_gpu_device_free(uint8_t *ptr) {
+  (void)ptr;
+}
+
 void jpeg_gpu_destroy(JpegGpu *dec) {
   (void)dec;
 }
@@ -86,6 +121,13 @@ struct JpegGpu {
   Buffer device_packed;   // their copy on the device
   Buffer device_tmp;      // the resize's intermediate rows
   Buffer device_out;      // the plans' outputs, (out_h, out_w, chans) each, packed
+  Buffer host_steps;      // page-locked: the colour steps of jpeg_gpu_decode_into's batch
+  Buffer device_steps;    // their copy on the device
+  Buffer device_scratch;  // the colour kernels' second image buffer (kernels/image_aug.h)
+  cudaEvent_t marks[5];   // jpeg_gpu_decode_into's stages: before, decoded, resized, coloured,
+                          // and (jpeg_gpu_finish) copied
+  bool timed;             // marks[0..3] were recorded for the batch in flight
+  int64_t *dst;           // (max_batch) bytes into the batch of each taken file's output
   // The last jpeg_gpu_parse: count files, n of them taken, bytes once decoded; then per taken
   // file, in batch order, (max_batch) each:
   int count, n;
@@ -191,7 +233,13 @@ static int setup(JpegGpu *d, Error *err) {
   if (create_handle(d, err) != 0) return -1;
   NVJPEG_TRY(nvjpegJpegStateCreate(d->handle, &d->state));
   NVJPEG_TRY(nvjpegJpegStreamCreate(d->handle, &d->header));
-  CUDA_TRY(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+  // The highest priority: the decoder's few short kernels run as soon as an SM frees, between
+  // the training step's blocks, instead of queueing behind a whole step (the trainer waits for
+  // the batch; the step loses a few microseconds).
+  int least = 0, greatest = 0;
+  CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_TRY(cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest));
+  for (int i = 0; i < 5; i++) CUDA_TRY(cudaEventCreate(&d->marks[i]));
   return 0;
 }
 
@@ -213,6 +261,7 @@ int jpeg_gpu_create(JpegGpu **out, int max_batch, int chans, Error *err) {
   d->offset = calloc_check((size_t)max_batch, sizeof *d->offset);
   d->plan = calloc_check((size_t)max_batch, sizeof *d->plan);
   d->plan_src = calloc_check((size_t)max_batch, sizeof *d->plan_src);
+  d->dst = calloc_check((size_t)max_batch, sizeof *d->dst);
   if (setup(d, err) != 0) {
     jpeg_gpu_destroy(d);
     return -1;
@@ -324,8 +373,8 @@ static int check_plan(const TransformPlan *t, int j, const JpegGpuImage *im, Err
 
 // The taken files' plans, packed for kernels/resize.h into host_packed, and the device buffers
 // of the resize grown to fit (before anything is queued: growing waits for the device).
-static int pack_plans(JpegGpu *d, const TransformPlan *plans, const JpegGpuImage *out,
-                      ResizeBatch *batch, Error *err) {
+static int pack_plans(JpegGpu *d, const TransformPlan *plans, const int64_t *dst,
+                      const JpegGpuImage *out, ResizeBatch *batch, Error *err) {
   for (int k = 0; k < d->n; k++) {
     int j = d->which[k];
     if (check_plan(&plans[j], j, &out[j], err) != 0) return -1;
@@ -336,22 +385,25 @@ static int pack_plans(JpegGpu *d, const TransformPlan *plans, const JpegGpuImage
   if (grow_host(&d->host_packed, (size_t)bytes, err) != 0 ||
       grow_device(&d->device_packed, (size_t)bytes, err) != 0)
     return -1;
-  transform_plans_pack(d->plan, d->n, d->chans, d->plan_src, d->host_packed.ptr, batch);
-  if (grow_device(&d->device_tmp, (size_t)batch->tmp_bytes, err) != 0 ||
-      grow_device(&d->device_out, (size_t)batch->dst_bytes, err) != 0)
-    return -1;
+  transform_plans_pack(d->plan, d->n, d->chans, d->plan_src, dst, d->host_packed.ptr, batch);
+  if (grow_device(&d->device_tmp, (size_t)batch->tmp_bytes, err) != 0) return -1;
+  if (!dst && grow_device(&d->device_out, (size_t)batch->dst_bytes, err) != 0) return -1;
   return 0;
 }
 
-int jpeg_gpu_decode_parsed(JpegGpu *d, const TransformPlan *plans, JpegGpuImage *out, Error *err) {
+// Queues the decode of the taken files and, with plans, their resize into dst (device memory;
+// at dst_offsets[k] for taken file k, or packed in d->device_out when dst is NULL). *decoded is
+// false when nvJPEG refused the batch's files: then nothing is queued, out[] is zeroed and the
+// state reset, and the caller leaves the batch to stb.
+static int queue_decode(JpegGpu *d, const TransformPlan *plans, uint8_t *dst,
+                        const int64_t *dst_offsets, JpegGpuImage *out, ResizeBatch *batch,
+                        bool *decoded, Error *err) {
   int n = d->n;
-  if (n == 0) return 0;
+  *decoded = false;
   CUDA_TRY(cudaSetDevice(d->device));
-  ResizeBatch batch = {0};
+  *batch = (ResizeBatch){0};
   if (grow_device(&d->device_pixels, d->bytes, err) != 0) return -1;
-  if (plans && pack_plans(d, plans, out, &batch, err) != 0) return -1;
-  size_t back = plans ? (size_t)batch.dst_bytes : d->bytes;  // what comes back to the host
-  if (grow_host(&d->host_pixels, back, err) != 0) return -1;
+  if (plans && pack_plans(d, plans, dst ? dst_offsets : NULL, out, batch, err) != 0) return -1;
   for (int k = 0; k < n; k++) {
     int j = d->which[k];
     d->dest[k] = (nvjpegImage_t){0};
@@ -360,13 +412,14 @@ int jpeg_gpu_decode_parsed(JpegGpu *d, const TransformPlan *plans, JpegGpuImage 
   }
   // The plans go up before the decode, in one copy; the stream orders it before the resize.
   if (plans)
-    CUDA_TRY(cudaMemcpyAsync(d->device_packed.ptr, d->host_packed.ptr, (size_t)batch.packed_bytes,
+    CUDA_TRY(cudaMemcpyAsync(d->device_packed.ptr, d->host_packed.ptr, (size_t)batch->packed_bytes,
                              cudaMemcpyHostToDevice, d->stream));
   nvjpegOutputFormat_t format = d->chans == 3 ? NVJPEG_OUTPUT_RGBI : NVJPEG_OUTPUT_Y;
   if (d->initialized_count != n) {
     NVJPEG_TRY(nvjpegDecodeBatchedInitialize(d->handle, d->state, n, 1, format));
     d->initialized_count = n;
   }
+  CUDA_TRY(cudaEventRecord(d->marks[0], d->stream));
   nvjpegStatus_t st =
       nvjpegDecodeBatched(d->handle, d->state, d->data, d->lengths, d->dest, d->stream);
   if (st != NVJPEG_STATUS_SUCCESS) {
@@ -380,18 +433,117 @@ int jpeg_gpu_decode_parsed(JpegGpu *d, const TransformPlan *plans, JpegGpuImage 
     for (int j = 0; j < d->count; j++) out[j] = (JpegGpuImage){0};
     return 0;
   }
-  const uint8_t *from = d->device_pixels.ptr;
-  if (plans) {
-    CUDA_TRY(resize_batch_cuda(d->device_pixels.ptr, d->device_packed.ptr, &batch,
-                               d->device_tmp.ptr, d->device_out.ptr, d->stream));
-    from = d->device_out.ptr;
-  }
+  CUDA_TRY(cudaEventRecord(d->marks[1], d->stream));
+  if (plans)
+    CUDA_TRY(resize_batch_cuda(d->device_pixels.ptr, d->device_packed.ptr, batch,
+                               d->device_tmp.ptr, dst ? dst : d->device_out.ptr, d->stream));
+  CUDA_TRY(cudaEventRecord(d->marks[2], d->stream));
+  *decoded = true;
+  return 0;
+}
+
+int jpeg_gpu_decode_parsed(JpegGpu *d, const TransformPlan *plans, JpegGpuImage *out, Error *err) {
+  int n = d->n;
+  if (n == 0) return 0;
+  ResizeBatch batch;
+  bool decoded;
+  if (queue_decode(d, plans, NULL, NULL, out, &batch, &decoded, err) != 0) return -1;
+  if (!decoded) return 0;
+  size_t back = plans ? (size_t)batch.dst_bytes : d->bytes;  // what comes back to the host
+  if (grow_host(&d->host_pixels, back, err) != 0) return -1;
+  const uint8_t *from = plans ? d->device_out.ptr : d->device_pixels.ptr;
   CUDA_TRY(cudaMemcpyAsync(d->host_pixels.ptr, from, back, cudaMemcpyDeviceToHost, d->stream));
   CUDA_TRY(cudaStreamSynchronize(d->stream));
   const ResizeDesc *desc = (const ResizeDesc *)d->host_packed.ptr;
   for (int k = 0; k < n; k++)
     out[d->which[k]].pixels = d->host_pixels.ptr + (plans ? (size_t)desc[k].dst : d->offset[k]);
   return 0;
+}
+
+int jpeg_gpu_decode_into(JpegGpu *d, const TransformPlan *plans, const ImageAugStep *steps,
+                         int nsteps, ImageAugFill fill, uint8_t *batch, int64_t sample_bytes,
+                         JpegGpuImage *out, Error *err) {
+  d->timed = false;
+  if (d->n == 0) return 0;
+  for (int k = 0; k < d->n; k++) d->dst[k] = (int64_t)d->which[k] * sample_bytes;
+  // The colour steps of the whole batch: positions nvJPEG did not take have IMAGE_AUG_NONE.
+  // Their buffers grow before anything is queued (growing waits for the device).
+  size_t step_bytes = sizeof(ImageAugStep) * (size_t)d->count * (size_t)nsteps;
+  if (nsteps > 0 &&
+      (grow_host(&d->host_steps, step_bytes, err) != 0 ||
+       grow_device(&d->device_steps, step_bytes, err) != 0 ||
+       grow_device(&d->device_scratch, (size_t)d->count * (size_t)sample_bytes, err) != 0))
+    return -1;
+  for (int k = 0; k < d->n; k++) {
+    const TransformPlan *t = &plans[d->which[k]];
+    if ((int64_t)t->out_h * t->out_w * d->chans != sample_bytes)
+      return error_set(err,
+                       "nvJPEG decoder: the plan of file %d gives %dx%dx%d bytes, not the "
+                       "batch's %lld per image\nHINT: this is a bug in the caller's plans",
+                       d->which[k], t->out_h, t->out_w, d->chans, (long long)sample_bytes);
+  }
+  ResizeBatch rb;
+  bool decoded;
+  if (queue_decode(d, plans, batch, d->dst, out, &rb, &decoded, err) != 0) return -1;
+  if (!decoded) return 0;
+  if (nsteps > 0) {
+    memcpy(d->host_steps.ptr, steps, step_bytes);
+    CUDA_TRY(cudaMemcpyAsync(d->device_steps.ptr, d->host_steps.ptr, step_bytes,
+                             cudaMemcpyHostToDevice, d->stream));
+    const TransformPlan *t = &plans[d->which[0]];
+    CUDA_TRY(image_aug_batch_cuda(batch, d->device_scratch.ptr,
+                                  (const ImageAugStep *)d->device_steps.ptr, d->count, nsteps,
+                                  t->out_h, t->out_w, d->chans, fill, d->stream));
+  }
+  CUDA_TRY(cudaEventRecord(d->marks[3], d->stream));
+  d->timed = true;
+  for (int k = 0; k < d->n; k++)
+    out[d->which[k]].pixels = batch + (size_t)d->which[k] * (size_t)sample_bytes;
+  return 0;
+}
+
+int jpeg_gpu_upload(JpegGpu *d, uint8_t *device_dst, const uint8_t *host_src, size_t bytes,
+                    Error *err) {
+  CUDA_TRY(cudaSetDevice(d->device));
+  CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, d->stream));
+  return 0;
+}
+
+int jpeg_gpu_download(JpegGpu *d, uint8_t *host_dst, const uint8_t *device_src, size_t bytes,
+                      Error *err) {
+  CUDA_TRY(cudaSetDevice(d->device));
+  CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, d->stream));
+  return 0;
+}
+
+static double seconds_between(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms * 1e-3 : 0;
+}
+
+int jpeg_gpu_finish(JpegGpu *d, JpegGpuTimes *times, Error *err) {
+  CUDA_TRY(cudaSetDevice(d->device));
+  CUDA_TRY(cudaEventRecord(d->marks[4], d->stream));
+  CUDA_TRY(cudaStreamSynchronize(d->stream));
+  if (times) {
+    *times = (JpegGpuTimes){0};
+    if (d->timed)
+      *times = (JpegGpuTimes){.decode = seconds_between(d->marks[0], d->marks[1]),
+                              .geometric = seconds_between(d->marks[1], d->marks[2]),
+                              .colour = seconds_between(d->marks[2], d->marks[3]),
+                              .upload = seconds_between(d->marks[3], d->marks[4])};
+  }
+  d->timed = false;
+  return 0;
+}
+
+uint8_t *jpeg_gpu_device_alloc(size_t bytes) {
+  void *p = NULL;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+void jpeg_gpu_device_free(uint8_t *ptr) {
+  if (ptr) cudaFree(ptr);
 }
 
 int jpeg_gpu_decode(JpegGpu *d, const uint8_t *const *files, const size_t *sizes, int count,
@@ -410,6 +562,11 @@ void jpeg_gpu_destroy(JpegGpu *d) {
   cudaFree(d->device_out.ptr);
   cudaFreeHost(d->host_pixels.ptr);
   cudaFreeHost(d->host_packed.ptr);
+  cudaFreeHost(d->host_steps.ptr);
+  cudaFree(d->device_steps.ptr);
+  cudaFree(d->device_scratch.ptr);
+  for (int i = 0; i < 5; i++)
+    if (d->marks[i]) cudaEventDestroy(d->marks[i]);
   if (d->header) nvjpegJpegStreamDestroy(d->header);
   if (d->state) nvjpegJpegStateDestroy(d->state);
   if (d->handle) nvjpegDestroy(d->handle);
@@ -421,6 +578,7 @@ void jpeg_gpu_destroy(JpegGpu *d) {
   free(d->offset);
   free(d->plan);
   free(d->plan_src);
+  free(d->dst);
   free(d);
 }
 

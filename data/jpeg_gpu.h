@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "data/transform.h"
+#include "kernels/image_aug.h"
 #include "src/util.h"
 
 typedef struct JpegGpu JpegGpu;
@@ -72,6 +73,35 @@ int jpeg_gpu_parse(JpegGpu *dec, const uint8_t *const *files, const size_t *size
 // the GPU itself fails (a CUDA error, out of memory), naming the call and this source line, or when
 // a plan does not fit its image.
 int jpeg_gpu_decode_parsed(JpegGpu *dec, const TransformPlan *plans, JpegGpuImage *out, Error *err);
+// The loader's path, which keeps the pixels on the device: decodes the files the last
+// jpeg_gpu_parse took, runs plans[j] (as above) into image j of `batch` (device memory from
+// jpeg_gpu_device_alloc: count images of sample_bytes each, (out_h, out_w, chans)), then the
+// colour steps on the whole batch: steps (count * nsteps, host memory; step s of image j at
+// [j * nsteps + s], kernels/image_aug.h), nsteps 0 for none. Each taken file's out[j].pixels
+// points at its image in `batch` (device memory); the rest are NULL, as above, and their
+// images are the caller's to upload (jpeg_gpu_upload), with IMAGE_AUG_NONE steps. Queued on
+// the decoder's stream: jpeg_gpu_finish waits for it. A batch nvJPEG fails to decode leaves
+// every pixels NULL, as above.
+int jpeg_gpu_decode_into(JpegGpu *dec, const TransformPlan *plans, const ImageAugStep *steps,
+                         int nsteps, ImageAugFill fill, uint8_t *batch, int64_t sample_bytes,
+                         JpegGpuImage *out, Error *err);
+// Queued on the decoder's stream: host (page-locked) to device, and device to host.
+int jpeg_gpu_upload(JpegGpu *dec, uint8_t *device_dst, const uint8_t *host_src, size_t bytes,
+                    Error *err);
+int jpeg_gpu_download(JpegGpu *dec, uint8_t *host_dst, const uint8_t *device_src, size_t bytes,
+                      Error *err);
+// The device time of the last jpeg_gpu_decode_into's stages, in seconds (the copies queued
+// after it count as upload), for the loader's profile (data/loader.h).
+typedef struct {
+  double decode, geometric, colour, upload;
+} JpegGpuTimes;
+// Waits for what the decoder's stream holds; *times (may be NULL) gets its stages.
+int jpeg_gpu_finish(JpegGpu *dec, JpegGpuTimes *times, Error *err);
+// Device memory on the calling thread's current device for jpeg_gpu_decode_into's batches;
+// NULL when there is none to be had (or no nvJPEG in the build).
+uint8_t *jpeg_gpu_device_alloc(size_t bytes);
+void jpeg_gpu_device_free(uint8_t *ptr);
+
 // jpeg_gpu_parse, then jpeg_gpu_decode_parsed without plans: whole decoded images.
 int jpeg_gpu_decode(JpegGpu *dec, const uint8_t *const *files, const size_t *sizes, int count,
                     JpegGpuImage *out, Error *err);

@@ -7,17 +7,20 @@
 // transforms without the lock. Each sample's pixels depend only on (seed, epoch, sample index),
 // so the output never depends on how many workers there are or which one ran first.
 //
-// With gpu_decode each worker owns an nvJPEG decoder (data/jpeg_gpu.h): it reads its batch's
-// files, has nvJPEG parse their headers, draws each taken sample's geometry (its TransformPlan,
-// from the sample's own counter-based draws, as the stb path draws it), and the decoder decodes
-// the batch and crops, resizes and flips on the GPU; only the outputs come back, and the worker
-// finishes each sample with the colour part (RandAugment) from the same draws. The bytes are
-// those of the stb path's transform on nvJPEG's pixels. The rest (PNGs, progressive JPEGs,
-// damaged files) take the stb path itself.
-#define _POSIX_C_SOURCE 200809L
+// With gpu_decode each worker owns an nvJPEG decoder (data/jpeg_gpu.h) and each slot a device
+// batch: the worker reads its batch's files, has nvJPEG parse their headers, draws each taken
+// sample's geometry (its TransformPlan) and colour steps (kernels/image_aug.h) from the sample's
+// own counter-based draws, as the stb path draws them, and the decoder decodes, crops, resizes,
+// flips and colours the batch on the GPU into the slot's device batch. The bytes are those of
+// the stb path's transform on nvJPEG's pixels. The rest (PNGs, progressive JPEGs, damaged files)
+// take the stb path itself and are uploaded into their places.
+#define _GNU_SOURCE  // sched_getaffinity, CPU_COUNT
 #include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
@@ -33,7 +36,7 @@ typedef enum {
 } SlotState;
 
 typedef struct {
-  Batch batch;
+  Batch batch;  // with gpu_decode, batch.device_pixels is the decoder's destination
   SlotState state;
   int64_t seq;
   int64_t *samples;  // (batch_size) dataset indices of batch `seq`
@@ -49,6 +52,9 @@ typedef struct {
   JpegGpuImage *images;  // (batch_size) what nvJPEG decoded
   TransformPlan *plans;  // (batch_size) the geometry of the samples nvJPEG takes
   Rng *rngs;             // (batch_size) their draws, where the colour part continues
+  ImageAugStep *drawn;   // (batch_size, IMAGE_AUG_MAX_STEPS) their colour steps as drawn
+  ImageAugStep *steps;   // (batch_size, nsteps) the same, nsteps = the batch's longest list
+  LoaderStageTimes times;  // this worker's batch in progress (added to the loader's when done)
 } Worker;
 
 struct Loader {
@@ -73,7 +79,45 @@ struct Loader {
   bool stop;
   int64_t *perm;  // (n) train: the shuffle of epoch perm_epoch (the newest claimed)
   int64_t perm_epoch;
+  LoaderStageTimes times;  // of the finished batches
 };
+
+LoaderSizing loader_sizing(int workers_key, int prefetch_key, int cores, int online,
+                           int local_world) {
+  LoaderSizing s = {.workers = workers_key, .prefetch = prefetch_key};
+  int share = online / (local_world > 0 ? local_world : 1);
+  s.cores = cores < share ? cores : share;
+  if (s.cores < 1) s.cores = 1;
+  if (workers_key <= 0) {
+    s.auto_workers = true;
+    s.workers = s.cores > 1 ? s.cores - 1 : 1;
+  }
+  if (prefetch_key <= 0) {
+    s.auto_prefetch = true;
+    s.prefetch = s.workers + 2;
+  }
+  return s;
+}
+
+int loader_process_cores(int *online) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  *online = n > 0 ? (int)n : 1;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return *online;
+  int mine = CPU_COUNT(&set);
+  return mine > 0 ? mine : *online;
+}
+
+void loader_sizing_describe(const LoaderSizing *s, char *buf, size_t size) {
+  char why[96] = "data.workers";
+  if (s->auto_workers)
+    snprintf(why, sizeof why, "auto: %d core%s for this process%s", s->cores,
+             s->cores == 1 ? "" : "s", s->cores > 1 ? ", one for the trainer's thread" : "");
+  snprintf(buf, size, "%d worker%s (%s), a ring of %d batches (%s)", s->workers,
+           s->workers == 1 ? "" : "s", why, s->prefetch,
+           s->auto_prefetch ? "auto: workers + 2" : "data.prefetch");
+}
 
 static void *buffer_alloc(const LoaderOptions *opt, size_t bytes) {
   return opt->alloc ? opt->alloc(bytes) : malloc(bytes);
@@ -133,11 +177,12 @@ static void claim(Loader *L, Slot *sl, int64_t s) {
 }
 
 // Without the lock: decodes and transforms the claimed samples into the slot's buffers.
-static int fill(Loader *L, Slot *sl) {
+static int fill(Loader *L, Slot *sl, LoaderStageTimes *times) {
   Batch *b = &sl->batch;
   for (int j = 0; j < b->count; j++) {
-    if (dataset_load_sample(L->ds, sl->samples[j], L->opt.train, L->opt.seed, b->epoch,
-                            b->pixels + (size_t)j * L->sample_bytes, &b->labels[j], &sl->err)) {
+    if (dataset_load_sample_timed(L->ds, sl->samples[j], L->opt.train, L->opt.seed, b->epoch,
+                                  b->pixels + (size_t)j * L->sample_bytes, &b->labels[j],
+                                  times, &sl->err)) {
       return error_prefix(&sl->err, "loader: batch %lld of epoch %lld: ", (long long)b->index,
                           (long long)b->epoch);
     }
@@ -145,33 +190,64 @@ static int fill(Loader *L, Slot *sl) {
   return 0;
 }
 
-// fill with the GPU decoder: the batch's JPEGs decoded, cropped and resized on the GPU in one
-// call, with each sample's plan drawn here from its size; then the colour part. A sample nvJPEG
-// left alone goes through dataset_load_sample (stb) unchanged.
+// fill with the GPU decoder. The worker reads the batch's files, nvJPEG parses their headers,
+// and the worker draws each taken sample's plan and colour steps from the sample's own draws
+// (the CPU path's, in its order); the decoder then decodes, crops, resizes, flips and colours
+// the batch on the GPU, straight into the slot's device batch. Meanwhile a sample nvJPEG left
+// alone goes through dataset_load_sample (stb) into the host batch and is uploaded into its
+// place. Without device_batch the finished batch comes back to the host batch.
 static int fill_gpu(Loader *L, Slot *sl, Worker *wk) {
   Batch *b = &sl->batch;
   const LoaderOptions *o = &L->opt;
+  size_t sb = L->sample_bytes;
+  double t0 = time_now_s(), t1;
   for (int j = 0; j < b->count; j++)
     wk->files[j] = dataset_sample_file(L->ds, sl->samples[j], &wk->file_sizes[j]);
+  t1 = time_now_s();
+  wk->times.seconds[LOADER_READ] += t1 - t0;
   int rc = jpeg_gpu_parse(wk->jpeg, (const uint8_t *const *)wk->files, wk->file_sizes, b->count,
                           wk->images, &sl->err);
-  for (int j = 0; j < b->count && rc == 0; j++)
-    if (wk->images[j].h > 0)
+  int nsteps = 0, taken = 0;
+  for (int j = 0; j < b->count && rc == 0; j++) {
+    ImageAugStep *drawn = wk->drawn + (size_t)j * IMAGE_AUG_MAX_STEPS;
+    int count = 0;
+    if (wk->images[j].h > 0) {
+      taken++;
       rc = dataset_plan_sample(L->ds, sl->samples[j], o->train, o->seed, b->epoch, wk->images[j].h,
                                wk->images[j].w, &wk->plans[j], &wk->rngs[j], &sl->err);
-  if (rc == 0) rc = jpeg_gpu_decode_parsed(wk->jpeg, wk->plans, wk->images, &sl->err);
-  for (int j = 0; j < b->count && rc == 0; j++) {
-    uint8_t *pixels = b->pixels + (size_t)j * L->sample_bytes;
-    if (wk->images[j].pixels) {
-      // The plan's output is (img_h, img_w, in_chans): one sample's bytes.
-      memcpy(pixels, wk->images[j].pixels, L->sample_bytes);
-      rc = dataset_finish_planned_sample(L->ds, sl->samples[j], o->train, &wk->rngs[j], pixels,
-                                         &b->labels[j], &sl->err);
-    } else {
-      rc = dataset_load_sample(L->ds, sl->samples[j], o->train, o->seed, b->epoch, pixels,
-                               &b->labels[j], &sl->err);
+      if (rc == 0)
+        rc = dataset_plan_colour(L->ds, sl->samples[j], o->train, &wk->rngs[j], drawn,
+                                 IMAGE_AUG_MAX_STEPS, &count, &b->labels[j], &sl->err);
     }
+    for (int k = count; k < IMAGE_AUG_MAX_STEPS; k++) drawn[k] = (ImageAugStep){0};
+    if (count > nsteps) nsteps = count;
   }
+  // The steps in a table as wide as the longest list, IMAGE_AUG_NONE (0) padding the others.
+  for (int j = 0; j < b->count && rc == 0; j++)
+    memcpy(wk->steps + (size_t)j * nsteps, wk->drawn + (size_t)j * IMAGE_AUG_MAX_STEPS,
+           sizeof(ImageAugStep) * (size_t)nsteps);
+  double t2 = time_now_s();
+  wk->times.seconds[LOADER_PARSE] += t2 - t1;
+  if (rc == 0)
+    rc = jpeg_gpu_decode_into(wk->jpeg, wk->plans, wk->steps, nsteps,
+                              dataset_colour_fill(L->ds), b->device_pixels, (int64_t)sb,
+                              wk->images, &sl->err);
+  for (int j = 0; j < b->count && rc == 0; j++) {
+    if (wk->images[j].pixels) continue;
+    uint8_t *pixels = b->pixels + j * sb;
+    rc = dataset_load_sample_timed(L->ds, sl->samples[j], o->train, o->seed, b->epoch, pixels,
+                                   &b->labels[j], &wk->times, &sl->err);
+    if (rc == 0) rc = jpeg_gpu_upload(wk->jpeg, b->device_pixels + j * sb, pixels, sb, &sl->err);
+  }
+  if (rc == 0 && !o->device_batch)
+    rc = jpeg_gpu_download(wk->jpeg, b->pixels, b->device_pixels, (size_t)b->count * sb, &sl->err);
+  JpegGpuTimes gpu = {0};
+  if (rc == 0) rc = jpeg_gpu_finish(wk->jpeg, &gpu, &sl->err);
+  wk->times.seconds[LOADER_DECODE] += gpu.decode;
+  wk->times.seconds[LOADER_GEOMETRIC] += gpu.geometric;
+  wk->times.seconds[LOADER_COLOUR] += gpu.colour;
+  wk->times.seconds[LOADER_UPLOAD] += gpu.upload;
+  wk->times.images += taken;
   for (int j = 0; j < b->count; j++) {
     free(wk->files[j]);
     wk->files[j] = NULL;
@@ -197,8 +273,11 @@ static void *worker_main(void *arg) {
     L->next_claim++;
     claim(L, sl, s);
     pthread_mutex_unlock(&L->mu);
-    int rc = wk->jpeg ? fill_gpu(L, sl, wk) : fill(L, sl);
+    memset(&wk->times, 0, sizeof wk->times);
+    int rc = wk->jpeg ? fill_gpu(L, sl, wk) : fill(L, sl, &wk->times);
     pthread_mutex_lock(&L->mu);
+    for (int k = 0; k < LOADER_STAGES; k++) L->times.seconds[k] += wk->times.seconds[k];
+    L->times.images += wk->times.images;
     sl->state = rc == 0 ? SLOT_READY : SLOT_FAILED;
     pthread_cond_broadcast(&L->batch_done);
   }
@@ -293,6 +372,18 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
   }
   L->workers = calloc_check((size_t)opt->workers, sizeof(Worker));
   bool gpu_decode = opt->gpu_decode && dataset_has_files(ds);
+  for (int i = 0; i < opt->prefetch && gpu_decode; i++) {
+    // The decoder's destination (data/jpeg_gpu.h); with device_batch, the batch itself.
+    L->slots[i].batch.device_pixels = jpeg_gpu_device_alloc(pixel_bytes);
+    if (!L->slots[i].batch.device_pixels) {
+      error_set(err,
+                "loader: cannot allocate %d device batch buffers of %zu bytes on the GPU\n"
+                "HINT: lower data.prefetch or train.batch_size, or set data.decoder=stb",
+                opt->prefetch, pixel_bytes);
+      loader_destroy(L);
+      return -1;
+    }
+  }
   for (int i = 0; i < opt->workers; i++) {
     Worker *wk = &L->workers[i];
     wk->loader = L;
@@ -308,6 +399,8 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
     wk->images = calloc_check((size_t)opt->batch_size, sizeof *wk->images);
     wk->plans = calloc_check((size_t)opt->batch_size, sizeof *wk->plans);
     wk->rngs = calloc_check((size_t)opt->batch_size, sizeof *wk->rngs);
+    wk->drawn = calloc_check((size_t)opt->batch_size * IMAGE_AUG_MAX_STEPS, sizeof *wk->drawn);
+    wk->steps = calloc_check((size_t)opt->batch_size * IMAGE_AUG_MAX_STEPS, sizeof *wk->steps);
   }
   L->threads = calloc_check((size_t)opt->workers, sizeof(pthread_t));
   for (int i = 0; i < opt->workers; i++) {
@@ -333,6 +426,12 @@ const char *loader_decoder(const Loader *L) {
   if (!d) return "stb";
   return strcmp(jpeg_gpu_backend(d), "hardware") == 0 ? "nvjpeg, hardware backend"
                                                       : "nvjpeg, gpu backend";
+}
+
+void loader_stage_times(Loader *L, LoaderStageTimes *times) {
+  pthread_mutex_lock(&L->mu);
+  *times = L->times;
+  pthread_mutex_unlock(&L->mu);
 }
 
 int loader_next(Loader *L, Batch **batch, Error *err) {
@@ -392,6 +491,7 @@ void loader_destroy(Loader *L) {
   for (int i = 0; L->slots && i < L->opt.prefetch; i++) {
     buffer_release(&L->opt, L->slots[i].batch.pixels);
     buffer_release(&L->opt, L->slots[i].batch.labels);
+    jpeg_gpu_device_free(L->slots[i].batch.device_pixels);
     free(L->slots[i].samples);
   }
   free(L->slots);
@@ -402,6 +502,8 @@ void loader_destroy(Loader *L) {
     free(L->workers[i].images);
     free(L->workers[i].plans);
     free(L->workers[i].rngs);
+    free(L->workers[i].drawn);
+    free(L->workers[i].steps);
   }
   free(L->workers);
   free(L->threads);

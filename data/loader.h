@@ -1,9 +1,11 @@
 // loader.h: datasets, augmentation and the threaded batch loader.
 //
 // A Dataset is a list of samples (an image source and a label): Fashion-MNIST from gzipped IDX
-// files, an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name) or tar shards
-// (root/<split>/*.tar of NNNNNN.jpg + NNNNNN.cls, data/shards.h), decoded with stb_image. Every
-// sample becomes an img_h x img_w x in_chans uint8 image:
+// files, an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name), tar shards
+// (root/<split>/*.tar of NNNNNN.jpg + NNNNNN.cls, data/shards.h) or synthetic random pixels.
+// Files are decoded with stb_image, or with the GPU's nvJPEG (gpu_decode, data/jpeg_gpu.h),
+// which then runs the whole transform on the device too. Every sample becomes an img_h x
+// img_w x in_chans uint8 image:
 //   train: RandomResizedCrop(scale, ratio) + horizontal flip, every draw from the counter-based
 //          RNG keyed by (seed, epoch, sample index), so results never depend on threads;
 //   eval:  resize so the shorter side is img / crop_pct, then center crop img.
@@ -14,10 +16,11 @@
 // (r+1)*batch_size) of it (in eval's last batch a rank's slice may be short or empty). Training
 // on shards instead takes rank r's batch k from its own stream order (dataset_stream_order):
 // samples [k*batch_size, (k+1)*batch_size), with min over ranks of dataset_stream_samples /
-// batch_size batches per epoch, so every rank makes the same number of steps. Buffers
+// batch_size batches per epoch, so every rank makes the same number of steps. Host buffers
 // come from an allocator hook, so the CUDA backend can make them page-locked.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "src/config.h"
@@ -50,6 +53,31 @@ void dataset_stream_order(const Dataset *ds, uint64_t seed, int64_t epoch, int r
 int dataset_load_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         uint8_t *pixels, int *label, Error *err);
 
+// Where a loader's time goes, per stage, summed over its workers (loader_stage_times): read
+// (files), parse (headers, and the draws of the nvJPEG path), decode, geometric (crop, resize,
+// flip), colour (RandAugment or colour jitter) and upload (into the device batch). Host time on
+// the CPU path, device time for the stages the nvJPEG path runs on the GPU.
+typedef enum {
+  LOADER_READ,
+  LOADER_PARSE,
+  LOADER_DECODE,
+  LOADER_GEOMETRIC,
+  LOADER_COLOUR,
+  LOADER_UPLOAD,
+  LOADER_STAGES
+} LoaderStage;
+typedef struct {
+  double seconds[LOADER_STAGES];
+  int64_t images;  // images the times cover
+} LoaderStageTimes;
+extern const char *const loader_stage_names[LOADER_STAGES];  // "read", "parse", ...
+
+// dataset_load_sample that adds its stages' host times to *times (NULL: none) and counts the
+// image there.
+int dataset_load_sample_timed(const Dataset *ds, int64_t i, bool train, uint64_t seed,
+                              int64_t epoch, uint8_t *pixels, int *label, LoaderStageTimes *times,
+                              Error *err);
+
 // For the loader's GPU decode (data/jpeg_gpu.h). dataset_sample_file: sample i's file as read
 // (malloc'ed, *size bytes), or NULL when there is none to decode (Fashion-MNIST, synthetic, a
 // file data.skip_bad knows is bad, a read error: dataset_load_sample then reports it).
@@ -64,8 +92,32 @@ int dataset_load_decoded_sample(const Dataset *ds, int64_t i, bool train, uint64
                                 int64_t epoch, const uint8_t *img, int h, int w, uint8_t *pixels,
                                 int *label, Error *err);
 
+// data.workers = 0 and data.prefetch = 0 (auto), resolved. A process may run on `cores` cores
+// (its CPU affinity: what a launcher's binding or taskset leaves it) of a node whose `online`
+// cores are shared by `local_world` processes; it takes min(cores, online / local_world), at
+// least 1, less one for the trainer's own thread, as workers (at least 1), and a ring of
+// workers + 2 batch buffers: every worker can fill a batch while the trainer holds one and the
+// next one waits ready, so the ring never caps the parallelism. A key > 0 is taken as given.
 typedef struct {
-  uint8_t *pixels;   // (count, img_h, img_w, in_chans)
+  int workers, prefetch;
+  int cores;                        // the cores counted for this process
+  bool auto_workers, auto_prefetch;  // which of the two were chosen here
+} LoaderSizing;
+
+LoaderSizing loader_sizing(int workers_key, int prefetch_key, int cores, int online,
+                           int local_world);
+// The cores this process may run on (sched_getaffinity), and *online those of the machine.
+int loader_process_cores(int *online);
+// "15 workers (auto: 16 cores for this process, one for the trainer's thread), a ring of 17
+// batches (auto: workers + 2)", or with "(data.workers)" where a key set it.
+void loader_sizing_describe(const LoaderSizing *s, char *buf, size_t size);
+
+typedef struct {
+  uint8_t *pixels;   // (count, img_h, img_w, in_chans) host memory
+  // The same in device memory when the loader decodes on the GPU (gpu_decode with files), else
+  // NULL; with device_batch only this one holds the batch's pixels (host pixels then hold only
+  // the samples stb decoded).
+  uint8_t *device_pixels;
   int *labels;       // (count)
   int64_t *samples;  // (count) dataset indices of the samples (per-sample augmentation keys)
   int count;         // samples in this batch (eval's last batch may be short)
@@ -78,6 +130,7 @@ typedef struct {
   bool train;      // shuffle + augment, drop the last partial batch
   uint64_t seed;
   int workers, prefetch;
+  LoaderSizing sizing;  // how workers and prefetch were chosen (for the start-up line)
   int rank, world;
   int64_t start_epoch, start_batch;  // resume position: the first batch to produce
   // Decode each batch's JPEG files with nvJPEG, one decoder per worker (data/jpeg_gpu.h), on
@@ -85,6 +138,9 @@ typedef struct {
   // same bytes as on the CPU); PNGs and what nvJPEG does not take go to stb_image. Only
   // ImageFolder and shards have files; other datasets ignore it.
   bool gpu_decode;
+  // With gpu_decode: the batch is handed over in device memory (Batch.device_pixels), the
+  // pixels never cross to the host; else it comes back to Batch.pixels as on the stb path.
+  bool device_batch;
   // Buffer allocator (NULL: malloc/free); the CUDA backend passes cudaHostAlloc/cudaFreeHost.
   void *(*alloc)(size_t bytes);
   void (*release)(void *ptr);
@@ -102,4 +158,6 @@ const char *loader_decoder(const Loader *loader);
 // image, naming it). The batch stays valid until loader_release_batch.
 int loader_next(Loader *loader, Batch **batch, Error *err);
 void loader_release_batch(Loader *loader, Batch *batch);
+// The stage times of the batches finished so far (a copy, taken under the loader's lock).
+void loader_stage_times(Loader *loader, LoaderStageTimes *times);
 void loader_destroy(Loader *loader);

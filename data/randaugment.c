@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define LEVEL_DENOM 10.0
+_Static_assert(COLOR_JITTER_STEPS <= IMAGE_AUG_MAX_STEPS, "a ColorJitter pass fits a step list");
 #define PI_DOUBLE 3.14159265358979323846
 
 int randaugment_parse(RandAugmentPolicy *p, const char *spec, Error *err) {
@@ -54,8 +55,9 @@ int randaugment_parse(RandAugmentPolicy *p, const char *spec, Error *err) {
     else
       return error_set(err, "data.randaugment '%s': unknown section '%s'\n%s", spec, section, hint);
   }
-  if (p->num_ops < 1 || p->num_ops > 16 || p->prob > 1)
-    return error_set(err, "data.randaugment '%s': need 1 <= n <= 16 and p <= 1\n%s", spec, hint);
+  if (p->num_ops < 1 || p->num_ops > IMAGE_AUG_MAX_STEPS || p->prob > 1)
+    return error_set(err, "data.randaugment '%s': need 1 <= n <= %d and p <= 1\n%s", spec,
+                     IMAGE_AUG_MAX_STEPS, hint);
   p->enabled = true;
   return 0;
 }
@@ -123,63 +125,82 @@ double randaugment_op_arg(RandAugmentOp op, bool increasing, double magnitude, b
   }
 }
 
-void randaugment_apply(RandAugmentOp op, double arg, Interp interp, const uint8_t *fill,
-                       uint8_t *img, int h, int w, int chans, uint8_t *scratch) {
-  int64_t n = (int64_t)h * w * chans;
-  ImageView v = image_view(scratch, h, w, chans);
-  double m[6] = {1, 0, 0, 0, 1, 0};
+ImageAugStep randaugment_step(RandAugmentOp op, double arg, Interp interp, int h, int w) {
+  ImageAugStep s = {.op = IMAGE_AUG_NONE,
+                    .bicubic = interp == INTERP_BICUBIC,
+                    .factor = arg,
+                    .matrix = {1, 0, 0, 0, 1, 0}};
   switch (op) {
     case RA_AUTOCONTRAST:
-      image_autocontrast(img, h, w, chans);
-      return;
+      s.op = IMAGE_AUG_AUTOCONTRAST;
+      return s;
     case RA_EQUALIZE:
-      image_equalize(img, h, w, chans);
-      return;
+      s.op = IMAGE_AUG_EQUALIZE;
+      return s;
     case RA_INVERT:
-      image_invert(img, n);
-      return;
-    case RA_POSTERIZE:
-      image_posterize(img, n, (int)arg);
-      return;
+      s.op = IMAGE_AUG_INVERT;
+      return s;
+    case RA_POSTERIZE: {
+      // Fewer than 0 bits (an mmax above 10) keeps none, as 0 does; 8 or more keeps all.
+      int bits = (int)arg;
+      s.op = IMAGE_AUG_POSTERIZE;
+      s.level = bits < 0 ? 0 : bits > 8 ? 8 : bits;
+      return s;
+    }
     case RA_SOLARIZE:
-      image_solarize(img, n, (int)arg);
-      return;
+      s.op = IMAGE_AUG_SOLARIZE;
+      s.level = (int)arg;
+      return s;
     case RA_SOLARIZE_ADD:
-      image_solarize_add(img, n, (int)arg, 128);
-      return;
+      s.op = IMAGE_AUG_SOLARIZE_ADD;
+      s.level = (int)arg;
+      return s;
     case RA_COLOR:
-      image_enhance_color(img, h, w, chans, arg);
-      return;
+      s.op = IMAGE_AUG_COLOR;
+      return s;
     case RA_CONTRAST:
-      image_enhance_contrast(img, h, w, chans, arg);
-      return;
+      s.op = IMAGE_AUG_CONTRAST;
+      return s;
     case RA_BRIGHTNESS:
-      image_enhance_brightness(img, h, w, chans, arg);
-      return;
+      s.op = IMAGE_AUG_BRIGHTNESS;
+      return s;
     case RA_SHARPNESS:
-      image_enhance_sharpness(img, h, w, chans, arg);
-      return;
-    case RA_ROTATE:
-      memcpy(scratch, img, (size_t)n);
-      image_rotate(v, arg, interp, fill, img);
-      return;
+      s.op = IMAGE_AUG_SHARPNESS;
+      return s;
+    case RA_ROTATE: {
+      ImageRotation rot = image_rotation(h, w, arg);
+      if (rot.quarters >= 0) {
+        s.op = IMAGE_AUG_TRANSPOSE;
+        s.level = rot.quarters;
+      } else {
+        s.op = IMAGE_AUG_AFFINE;
+        memcpy(s.matrix, rot.matrix, sizeof s.matrix);
+      }
+      return s;
+    }
     case RA_SHEAR_X:
-      m[1] = arg;
+      s.matrix[1] = arg;
       break;
     case RA_SHEAR_Y:
-      m[3] = arg;
+      s.matrix[3] = arg;
       break;
     case RA_TRANSLATE_X_REL:
-      m[2] = arg * w;
+      s.matrix[2] = arg * w;
       break;
     case RA_TRANSLATE_Y_REL:
-      m[5] = arg * h;
+      s.matrix[5] = arg * h;
       break;
     default:
-      return;
+      return s;
   }
-  memcpy(scratch, img, (size_t)n);
-  image_affine(v, m, interp, fill, img);
+  s.op = IMAGE_AUG_AFFINE;
+  return s;
+}
+
+void randaugment_apply(RandAugmentOp op, double arg, Interp interp, const uint8_t *fill,
+                       uint8_t *img, int h, int w, int chans, uint8_t *scratch) {
+  ImageAugStep s = randaugment_step(op, arg, interp, h, w);
+  image_apply_step(&s, fill, img, h, w, chans, scratch);
 }
 
 Interp resample_pick(ResampleChoice choice, Rng *rng) {
@@ -198,9 +219,9 @@ static bool op_is_geometric(RandAugmentOp op) {
          op == RA_TRANSLATE_Y_REL;
 }
 
-void randaugment_image(const RandAugmentPolicy *p, ResampleChoice resample, const uint8_t *fill,
-                       uint8_t *img, int h, int w, int chans, Rng *rng) {
-  uint8_t *scratch = malloc_check((size_t)h * w * chans);
+int randaugment_draw(const RandAugmentPolicy *p, ResampleChoice resample, int h, int w, Rng *rng,
+                     ImageAugStep *steps, int max_steps) {
+  int n = 0;
   for (int i = 0; i < p->num_ops; i++) {
     RandAugmentOp op = (RandAugmentOp)rng_below(rng, RA_NUM_OPS);
     // timm: skipped when random() > prob.
@@ -216,12 +237,19 @@ void randaugment_image(const RandAugmentPolicy *p, ResampleChoice resample, cons
     bool negate = rng_uniform_double(rng) > 0.5;  // timm's _randomly_negate
     Interp interp = op_is_geometric(op) ? resample_pick(resample, rng) : INTERP_BILINEAR;
     double arg = randaugment_op_arg(op, p->increasing, magnitude, negate);
-    randaugment_apply(op, arg, interp, fill, img, h, w, chans, scratch);
+    if (n < max_steps) steps[n++] = randaugment_step(op, arg, interp, h, w);
   }
-  free(scratch);
+  return n;
 }
 
-void color_jitter_image(float jitter, uint8_t *img, int h, int w, int chans, Rng *rng) {
+void randaugment_image(const RandAugmentPolicy *p, ResampleChoice resample, const uint8_t *fill,
+                       uint8_t *img, int h, int w, int chans, Rng *rng) {
+  ImageAugStep steps[IMAGE_AUG_MAX_STEPS];
+  int n = randaugment_draw(p, resample, h, w, rng, steps, IMAGE_AUG_MAX_STEPS);
+  image_apply_steps(steps, n, fill, img, h, w, chans);
+}
+
+int color_jitter_draw(float jitter, Rng *rng, ImageAugStep *steps, int max_steps) {
   // torchvision's get_params: a random order of the four adjustments, then the factors; hue is
   // off (timm passes 0), so its slot does nothing.
   int order[4] = {0, 1, 2, 3};
@@ -234,14 +262,29 @@ void color_jitter_image(float jitter, uint8_t *img, int h, int w, int chans, Rng
   double lo = 1.0 - jitter > 0 ? 1.0 - jitter : 0, hi = 1.0 + jitter;
   double factor[3];
   for (int k = 0; k < 3; k++) factor[k] = lo + (hi - lo) * rng_uniform_double(rng);
-  color_jitter_apply(order, factor, img, h, w, chans);
+  ImageAugStep all[COLOR_JITTER_STEPS];
+  color_jitter_steps(order, factor, all);
+  int n = max_steps < COLOR_JITTER_STEPS ? max_steps : COLOR_JITTER_STEPS;
+  memcpy(steps, all, sizeof(ImageAugStep) * (size_t)(n > 0 ? n : 0));
+  return n > 0 ? n : 0;
+}
+
+void color_jitter_image(float jitter, uint8_t *img, int h, int w, int chans, Rng *rng) {
+  ImageAugStep steps[COLOR_JITTER_STEPS];
+  int n = color_jitter_draw(jitter, rng, steps, COLOR_JITTER_STEPS);
+  image_apply_steps(steps, n, NULL, img, h, w, chans);
+}
+
+void color_jitter_steps(const int order[4], const double factor[3], ImageAugStep *steps) {
+  static const int32_t ops[3] = {IMAGE_AUG_BRIGHTNESS, IMAGE_AUG_CONTRAST, IMAGE_AUG_COLOR};
+  int n = 0;
+  for (int i = 0; i < 4; i++)
+    if (order[i] < 3) steps[n++] = (ImageAugStep){.op = ops[order[i]], .factor = factor[order[i]]};
 }
 
 void color_jitter_apply(const int order[4], const double factor[3], uint8_t *img, int h, int w,
                         int chans) {
-  for (int i = 0; i < 4; i++) {
-    if (order[i] == 0) image_enhance_brightness(img, h, w, chans, factor[0]);
-    if (order[i] == 1) image_enhance_contrast(img, h, w, chans, factor[1]);
-    if (order[i] == 2) image_enhance_color(img, h, w, chans, factor[2]);
-  }
+  ImageAugStep steps[COLOR_JITTER_STEPS];
+  color_jitter_steps(order, factor, steps);
+  image_apply_steps(steps, COLOR_JITTER_STEPS, NULL, img, h, w, chans);
 }

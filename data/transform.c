@@ -111,11 +111,18 @@ bool transform_has_color(const TransformParams *p) {
   return p->randaugment.enabled || p->color_jitter > 0;
 }
 
-void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rng *rng) {
+int transform_color_draw(const TransformParams *p, Rng *rng, ImageAugStep *steps, int max_steps) {
   if (p->randaugment.enabled)
-    randaugment_image(&p->randaugment, p->resample, p->fill, img, p->out_h, p->out_w, chans, rng);
-  else if (p->color_jitter > 0)
-    color_jitter_image(p->color_jitter, img, p->out_h, p->out_w, chans, rng);
+    return randaugment_draw(&p->randaugment, p->resample, p->out_h, p->out_w, rng, steps,
+                            max_steps);
+  if (p->color_jitter > 0) return color_jitter_draw(p->color_jitter, rng, steps, max_steps);
+  return 0;
+}
+
+void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rng *rng) {
+  ImageAugStep steps[IMAGE_AUG_MAX_STEPS];
+  int n = transform_color_draw(p, rng, steps, IMAGE_AUG_MAX_STEPS);
+  image_apply_steps(steps, n, p->fill, img, p->out_h, p->out_w, chans);
 }
 
 TransformPlan transform_plan_eval(const TransformParams *p, int h, int w) {
@@ -189,7 +196,7 @@ static int64_t axis_pack(int in_size, int out_size, int win0, int n, Interp inte
 }
 
 void transform_plans_pack(const TransformPlan *plans, int n, int chans, const int64_t *src,
-                          void *packed, ResizeBatch *batch) {
+                          const int64_t *dst, void *packed, ResizeBatch *batch) {
   ResizeDesc *desc = packed;
   int32_t *tables = (int32_t *)(desc + n);
   *batch = (ResizeBatch){
@@ -216,9 +223,10 @@ void transform_plans_pack(const TransformPlan *plans, int n, int chans, const in
     d->rows = first_y[t->out_h - 1] + count_y[t->out_h - 1] - d->row0;
     int64_t tmp_pixels = (int64_t)d->rows * t->out_w, dst_pixels = (int64_t)t->out_h * t->out_w;
     d->tmp = batch->tmp_bytes;
-    d->dst = batch->dst_bytes;
+    d->dst = dst ? dst[k] : batch->dst_bytes;
     batch->tmp_bytes += tmp_pixels * chans;
-    batch->dst_bytes += dst_pixels * chans;
+    int64_t end = d->dst + dst_pixels * chans;
+    if (end > batch->dst_bytes) batch->dst_bytes = end;
     if (tmp_pixels > batch->max_tmp_pixels) batch->max_tmp_pixels = tmp_pixels;
     if (dst_pixels > batch->max_dst_pixels) batch->max_dst_pixels = dst_pixels;
   }

@@ -19,6 +19,7 @@
 #include "data/image_ops.h"
 #include "data/loader.h"
 #include "data/randaugment.h"
+#include "kernels/image_aug.h"
 #include "kernels/resize.h"
 #include "src/rng.h"
 
@@ -76,11 +77,12 @@ void transform_apply(const TransformPlan *plan, const uint8_t *src, int chans, u
 // The GPU form of plans[0..n) (kernels/resize.h): transform_plans_packed_bytes sizes the packed
 // buffer (n ResizeDesc, then their tap tables); transform_plans_pack fills it, with image k's
 // source (plans[k].src_h, plans[k].src_w, chans) at byte src[k] of the batch's source buffer,
-// the outputs packed in order from byte 0 of its output buffer (ResizeDesc.dst says where), and
-// the launch sizes in *batch.
+// image k's output at byte dst[k] of its output buffer (dst NULL: the outputs packed in order
+// from byte 0; ResizeDesc.dst says where), and the launch sizes in *batch (dst_bytes: the end of
+// the furthest output).
 int64_t transform_plans_packed_bytes(const TransformPlan *plans, int n);
 void transform_plans_pack(const TransformPlan *plans, int n, int chans, const int64_t *src,
-                          void *packed, ResizeBatch *batch);
+                          const int64_t *dst, void *packed, ResizeBatch *batch);
 
 // Train, geometric part: RandomResizedCrop to (out_h, out_w), then a flip with probability
 // hflip; every draw from rng (transform_plan_train, then transform_apply). src (h, w,
@@ -88,8 +90,13 @@ void transform_plans_pack(const TransformPlan *plans, int n, int chans, const in
 void transform_train(const TransformParams *p, const uint8_t *src, int h, int w, Rng *rng,
                      uint8_t *dst);
 
-// Train, colour part: RandAugment, or ColorJitter when RandAugment is off, in place on img
-// (p->out_h, p->out_w, chans); chans may differ from p->chans (a gray source expanded first).
+// Train, colour part, drawn: RandAugment's steps (randaugment_draw), or ColorJitter's when
+// RandAugment is off (color_jitter_draw), for a (p->out_h, p->out_w) image; 0 steps when neither
+// is on. Returns the step count, at most max_steps (IMAGE_AUG_MAX_STEPS is always enough).
+int transform_color_draw(const TransformParams *p, Rng *rng, ImageAugStep *steps, int max_steps);
+// Train, colour part: transform_color_draw's steps run on the CPU (image_apply_steps), in place
+// on img (p->out_h, p->out_w, chans); chans may differ from p->chans (a gray source expanded
+// first).
 void transform_train_color(const TransformParams *p, uint8_t *img, int chans, Rng *rng);
 // Whether transform_train_color does anything.
 bool transform_has_color(const TransformParams *p);
@@ -106,13 +113,15 @@ void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, 
 // dataset.c; the loader sizes its batch buffers with this).
 int64_t dataset_sample_bytes(const Dataset *ds);
 
-// The loader's nvJPEG path splits dataset_load_decoded_sample (data/loader.h) around the resize
-// on the GPU. dataset_plan_sample: sample i's plan for its own file decoded to (h, w), drawn
-// from rng_make(seed, RNG_STREAM_AUGMENT, epoch, i) as dataset_load_sample draws it; *rng is
-// left where the colour draws begin. dataset_finish_planned_sample: pixels (img_h, img_w,
-// in_chans) hold that plan's output; runs the colour part with *rng and sets the label. The two
-// with transform_apply between them are dataset_load_decoded_sample, byte for byte.
+// The loader's nvJPEG path splits dataset_load_decoded_sample (data/loader.h) around the GPU.
+// dataset_plan_sample: sample i's plan for its own file decoded to (h, w), drawn from
+// rng_make(seed, RNG_STREAM_AUGMENT, epoch, i) as dataset_load_sample draws it; *rng is left
+// where the colour draws begin. dataset_plan_colour: the colour part (train) as *nsteps steps
+// for kernels/image_aug.h (at most max_steps), drawn with *rng as transform_train_color draws
+// them, and sample i's label. The plan run by transform_apply, then the steps, are
+// dataset_load_decoded_sample, byte for byte; dataset_colour_fill: the steps' outside colour.
 int dataset_plan_sample(const Dataset *ds, int64_t i, bool train, uint64_t seed, int64_t epoch,
                         int h, int w, TransformPlan *plan, Rng *rng, Error *err);
-int dataset_finish_planned_sample(const Dataset *ds, int64_t i, bool train, Rng *rng,
-                                  uint8_t *pixels, int *label, Error *err);
+int dataset_plan_colour(const Dataset *ds, int64_t i, bool train, Rng *rng, ImageAugStep *steps,
+                        int max_steps, int *nsteps, int *label, Error *err);
+ImageAugFill dataset_colour_fill(const Dataset *ds);

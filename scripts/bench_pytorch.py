@@ -25,6 +25,13 @@ DROP_PATH = {"swin_tiny": 0.2, "swin_small": 0.3, "swin_base": 0.5, "swin_large"
 ROUND, ROUNDS, WARMUP = 10, 5, 15
 
 
+def timm_fused_attn(mode):
+    """TIMM_FUSED_ATTN for a mode (timm reads it when it is imported): timm marks Swin's
+    F.scaled_dot_product_attention path experimental, so only 2 turns it on; 0 keeps the
+    matmul, softmax, matmul."""
+    return "0" if mode == "eager" else "2"
+
+
 def use_flex_attention():
     """Replaces timm's window attention by FlexAttention: scores + bias[h, q, k] (+ the shifted
     windows' mask[window, q, k]) in a score_mod; the rest of the forward is timm's."""
@@ -105,7 +112,7 @@ def main():
         sys.exit(__doc__)
     model, batch, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     for mode in modes:
-        env = dict(os.environ, TIMM_FUSED_ATTN="0" if mode == "eager" else "2")
+        env = dict(os.environ, TIMM_FUSED_ATTN=timm_fused_attn(mode))
         subprocess.run([sys.executable, __file__, "--one", model, str(batch), mode], env=env,
                        check=False)
 

@@ -98,7 +98,8 @@ typedef struct {
   void (*reserve)(Backend *be, const BackendNeeds *needs);
 
   // ---- batch staging: two slots, so batch k+1 uploads while step k computes ----
-  // Queue copies of host buffers (from host_alloc) into slot `slot`'s backend buffers, after the
+  // Queue copies of host buffers (from host_alloc) or device memory (the loader's device batch,
+  // data/loader.h) into slot `slot`'s backend buffers, after the
   // step that last used the slot has released it.
   void (*stage_upload)(Backend *be, int slot, int count, void *const *dst, const void *const *src,
                        const size_t *bytes);
@@ -117,6 +118,16 @@ typedef struct {
   // nothing: its ops have run when they return, and its all-reduce is a blocking call.
   void (*record_event)(Backend *be, void *event);
   void (*wait_event)(Backend *be, void *event);
+
+  // ---- time marks on the compute queue (the trainer's data wait, src/train.c) ----
+  // mark_record: the mark's time is when the work queued so far on the compute queue has run
+  // (a CUDA event; on the CPU, whose ops have run when they return, the host clock). Never
+  // inside a graph capture. mark_seconds: seconds from mark a to mark b, both recorded; waits
+  // until b has its time.
+  void *(*mark_create)(Backend *be);
+  void (*mark_destroy)(Backend *be, void *mark);
+  void (*mark_record)(Backend *be, void *mark);
+  double (*mark_seconds)(Backend *be, void *a, void *b);
 
   // ---- per-step values ----
   // Queues the write of *values into params (backend memory, read by the ops queued after it);

@@ -107,6 +107,26 @@ static void cpu_event_nothing(Backend *be, void *event) {
   (void)event;
 }
 
+static void *cpu_mark_create(Backend *be) {
+  (void)be;
+  return calloc_check(1, sizeof(double));
+}
+
+static void cpu_mark_destroy(Backend *be, void *mark) {
+  (void)be;
+  free(mark);
+}
+
+static void cpu_mark_record(Backend *be, void *mark) {
+  (void)be;
+  *(double *)mark = time_now_s();
+}
+
+static double cpu_mark_seconds(Backend *be, void *a, void *b) {
+  (void)be;
+  return *(const double *)b - *(const double *)a;
+}
+
 // Backend memory is host memory, and the ops that read it run when they are called.
 static void cpu_step_params_set(Backend *be, StepParams *params, const StepParams *values) {
   (void)be;
@@ -349,6 +369,10 @@ static const BackendOps cpu_ops = {
     .stage_wait = cpu_stage_nothing,
     .record_event = cpu_event_nothing,
     .wait_event = cpu_event_nothing,
+    .mark_create = cpu_mark_create,
+    .mark_destroy = cpu_mark_destroy,
+    .mark_record = cpu_mark_record,
+    .mark_seconds = cpu_mark_seconds,
     .step_params_set = cpu_step_params_set,
     .to_compute = cpu_to_compute,
     .patch_embed_input = cpu_patch_embed_input,

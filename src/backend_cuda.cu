@@ -249,7 +249,7 @@ void cuda_stage_upload(Backend *be, int slot, int count, void *const *dst, const
   // completes at once).
   CUDA_CHECK(cudaStreamWaitEvent(st->copy, st->released[slot], 0));
   for (int i = 0; i < count; i++)
-    CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyHostToDevice, st->copy));
+    CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDefault, st->copy));
   CUDA_CHECK(cudaEventRecord(st->uploaded[slot], st->copy));
 }
 
@@ -281,6 +281,31 @@ void cuda_record_event(Backend *be, void *event) {
 
 void cuda_wait_event(Backend *be, void *event) {
   CUDA_CHECK(cudaStreamWaitEvent(state_of(be)->compute, static_cast<cudaEvent_t>(event), 0));
+}
+
+void *cuda_mark_create(Backend *be) {
+  (void)be;
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void cuda_mark_destroy(Backend *be, void *mark) {
+  (void)be;
+  if (mark) CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
+}
+
+void cuda_mark_record(Backend *be, void *mark) {
+  refuse_in_capture(be, "mark_record");
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(mark), state_of(be)->compute));
+}
+
+double cuda_mark_seconds(Backend *be, void *a, void *b) {
+  (void)be;
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(b)));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+  return ms * 1e-3;
 }
 
 // ---- per-step values -------------------------------------------------------------------------
@@ -613,6 +638,10 @@ const BackendOps cuda_ops = {
     .stage_wait = cuda_stage_wait,
     .record_event = cuda_record_event,
     .wait_event = cuda_wait_event,
+    .mark_create = cuda_mark_create,
+    .mark_destroy = cuda_mark_destroy,
+    .mark_record = cuda_mark_record,
+    .mark_seconds = cuda_mark_seconds,
     .step_params_set = cuda_step_params_set,
     .to_compute = cuda_to_compute,
     .patch_embed_input = cuda_patch_embed_input,

@@ -104,10 +104,13 @@ static const ConfigKey config_keys[] = {
      "compute type of activations and GEMM weights: fp32, bf16 or fp16 (cuda only; fp32 master "
      "weights and AdamW state either way; fp16 adds dynamic loss scaling)",
      TEXT(precision), .choices = "fp32|bf16|fp16"},
-    {"bench", KEY_BOOL, "false",
-     "benchmark instead of training: synthetic batches resident on the device, timed steps, "
-     "throughput, MFU, memory and the GPU time per op family (nothing is written)",
-     SCALAR(bench)},
+    {"bench", KEY_ENUM, "off",
+     "benchmark instead of training (nothing is written): step (or 1, true) times the training "
+     "step on a synthetic batch resident on the device (throughput, MFU, memory, the GPU time "
+     "per op family: an upper bound); e2e trains on the configured dataset with its loader and "
+     "recipe, bench.warmup steps then bench.steps timed ones, and prints end-to-end img/s, the "
+     "same step on a resident batch, the data wait and the loader's time per image by stage",
+     TEXT(bench), .choices = "off|step|e2e|1|0|true|false"},
 
     // [model]
     {"model.img_size", KEY_INT_PAIR, "224", "input image size: N (square) or H,W",
@@ -219,10 +222,15 @@ static const ConfigKey config_keys[] = {
      "fashion_mnist: the directory with the IDX(.gz) files; imagefolder: the root holding "
      "train/ and val/; shards: the root holding train/*.tar and val/*.tar",
      TEXT(path)},
-    {"data.workers", KEY_INT, "4", "loader threads decoding and augmenting images", SCALAR(workers),
-     .range = AT_LEAST(1)},
-    {"data.prefetch", KEY_INT, "4", "batches the loader may run ahead", SCALAR(prefetch),
-     .range = AT_LEAST(1)},
+    {"data.workers", KEY_INT, "0",
+     "loader threads decoding and augmenting images; 0 = auto: the cores this process may run "
+     "on, shared with the other processes of its node, less one for the trainer's own thread "
+     "(at least 1)",
+     SCALAR(workers), .range = AT_LEAST(0)},
+    {"data.prefetch", KEY_INT, "0",
+     "batch buffers of the loader's ring (batches it may run ahead); 0 = auto: data.workers + "
+     "2, so every worker can fill a batch while the trainer holds one and one waits",
+     SCALAR(prefetch), .range = AT_LEAST(0)},
     {"data.mean", KEY_FLOAT_LIST, "0.485,0.456,0.406",
      "per-channel mean of pixels scaled to [0,1]: 1 value (every channel) or in_chans values",
      LIST(mean, num_mean), .broadcast = true},

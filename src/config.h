@@ -8,6 +8,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "src/util.h"
 
@@ -95,7 +96,7 @@ typedef struct {
   float timeout_s;       // GPU: longest wait for the other ranks in NCCL before the job ends
 
   // [bench]
-  bool bench;        // benchmark mode (src/bench.c)
+  char bench[8];     // "off", "step" (src/bench.c) or "e2e" (src/train.c); 1/true = step
   int bench_steps;   // timed steps
   int bench_warmup;  // untimed steps first
 
@@ -115,6 +116,14 @@ int config_apply_override(Config *cfg, const char *arg, Error *err);
 // Cross-key checks: heads divide widths, the image tiles into patches and windows at every
 // stage, ranges; each message explains the inconsistency and how to fix it.
 int config_validate(const Config *cfg, Error *err);
+// The benchmark the bench key asks for: bench=step (1, true) and bench=e2e.
+static inline bool config_bench_step(const Config *c) {
+  return strcmp(c->bench, "step") == 0 || strcmp(c->bench, "1") == 0 ||
+         strcmp(c->bench, "true") == 0;
+}
+static inline bool config_bench_e2e(const Config *c) {
+  return strcmp(c->bench, "e2e") == 0;
+}
 // The resolved config as a table (key, value, default marker) on out.
 void config_print(const Config *cfg, FILE *out);
 // The resolved config as INI text (every key, canonical names), for checkpoint metadata;

@@ -15,6 +15,7 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: swin_train [--dry-run] CONFIG.ini [key=value ...]\n"
           "       swin_train CONFIG.ini bench=1 [key=value ...]   (benchmark the training step)\n"
+          "       swin_train CONFIG.ini bench=e2e [key=value ...] (benchmark training end to end)\n"
           "       swin_train --keys       (every config key with its default and meaning)\n"
           "       mpirun -np N swin_train CONFIG.ini ...   (N data-parallel processes)\n"
           "  --dry-run   print the resolved config, the per-stage model table and the parameter\n"
@@ -93,7 +94,7 @@ int main(int argc, char **argv) {
     model_destroy(&m);
     return finish(&comm, 0);
   }
-  if (cfg.bench) {  // alone: one device; under a launcher: the data-parallel step
+  if (config_bench_step(&cfg)) {  // alone: one device; under a launcher: the data-parallel step
     if (bench_run(&cfg, &comm, &err) != 0) fail(&comm, &err);
     return finish(&comm, 0);
   }

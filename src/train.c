@@ -22,6 +22,7 @@
 #include "optim/schedule.h"
 #include "src/backend.h"
 #include "src/checkpoint.h"
+#include "src/data_wait.h"
 #include "src/import.h"
 #include "src/learner.h"
 #include "src/metrics.h"
@@ -57,6 +58,7 @@ void train_install_signal_handlers(void) {
 // evaluation never overwrites the training batch already uploaded for the next step.
 #define TRAIN_SLOT 0
 #define EVAL_SLOT 2
+#define MARK_RING 4
 
 typedef struct {
   const Config *cfg;
@@ -89,6 +91,16 @@ typedef struct {
   int64_t steps_per_epoch, total_steps;
   MetricsLog metrics;  // run_dir/metrics.jsonl
   RunLock lock;        // held from setup to teardown: one run per run_dir
+  bool e2e;            // bench=e2e: train, time it, write nothing (bench_e2e)
+  // The data wait (src/data_wait.h): each step's begin and end on the compute queue, in a ring,
+  // and the host's time in loader_next for its batch; a step's gap is read two steps later,
+  // when its marks have long been reached, or at a read-back, which waits for the queue.
+  void *mark_begin[MARK_RING], *mark_end[MARK_RING];
+  double blocked[MARK_RING];
+  int64_t marks_first;  // the first step whose predecessor's end counts (after a break)
+  int64_t marks_read;   // steps below this one have been counted
+  double blocked_next;  // the host's time in loader_next for the batch of the next step
+  DataWait wait;
 } Trainer;
 
 static bool is_fp16(const Trainer *t) {
@@ -117,11 +129,14 @@ int train_loader_options(const Config *cfg, const Comm *comm, bool train, Loader
                      batch, world, world, choices, world, batch);
   }
   int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : batch;
+  int online, cores = loader_process_cores(&online);
+  LoaderSizing size = loader_sizing(cfg->workers, cfg->prefetch, cores, online, comm->local_world);
   *opt = (LoaderOptions){.batch_size = train ? batch / world : (eval_batch + world - 1) / world,
                          .train = train,
                          .seed = cfg->seed,
-                         .workers = cfg->workers,
-                         .prefetch = cfg->prefetch,
+                         .workers = size.workers,
+                         .prefetch = size.prefetch,
+                         .sizing = size,
                          .rank = comm->rank,
                          .world = world};
   return 0;
@@ -134,7 +149,9 @@ static void stage_batch(Trainer *t, int slot, const Batch *b) {
   const Config *cfg = t->cfg;
   size_t pixel_bytes = (size_t)b->count * cfg->img_h * cfg->img_w * cfg->in_chans;
   void *dst[3] = {t->pixels[slot], t->labels[slot], NULL};
-  const void *src[3] = {b->pixels, b->labels, NULL};
+  // From the loader's device batch where it decodes on this GPU (data/loader.h).
+  const void *src[3] = {b->device_pixels && t->train_opt.device_batch ? b->device_pixels : b->pixels,
+                        b->labels, NULL};
   size_t bytes[3] = {pixel_bytes, sizeof(int) * (size_t)b->count, 0};
   int count = 2;
   if (t->soft && slot < EVAL_SLOT) {  // the soft targets of this training batch travel with it
@@ -446,9 +463,11 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   t->lock.fd = -1;
   t->cfg = cfg;
   t->comm = comm;
+  t->e2e = config_bench_e2e(cfg);
   // The run directory comes first: a second run on it fails at once, before any data is read,
   // and files an interrupted save left behind are only removed under the lock (rank 0's).
-  if (is_lead(t)) {
+  // bench=e2e writes nothing and resumes nothing.
+  if (is_lead(t) && !t->e2e) {
     if (make_run_dir(cfg->run_dir, err) != 0) return -1;
     if (runlock_acquire(&t->lock, cfg->run_dir, err) != 0) return -1;
     int stale = checkpoint_remove_stale_temps(cfg->run_dir, err);
@@ -471,6 +490,12 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
                     (strcmp(cfg->decoder, "auto") == 0 && jpeg_gpu_built() &&
                      t->be.device == DEVICE_CUDA && (cfg->in_chans == 1 || cfg->in_chans == 3));
   t->train_opt.gpu_decode = t->eval_opt.gpu_decode = gpu_decode;
+  // Decoded on this GPU, the batches stay on it (data/loader.h).
+  t->train_opt.device_batch = t->eval_opt.device_batch = gpu_decode && t->be.device == DEVICE_CUDA;
+  for (int i = 0; i < MARK_RING; i++) {
+    t->mark_begin[i] = t->be.ops->mark_create(&t->be);
+    t->mark_end[i] = t->be.ops->mark_create(&t->be);
+  }
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
@@ -534,7 +559,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   t->state = (TrainState){.seed = cfg->seed, .loss_scale = 1.0};
 
   bool resumed = false;
-  if (is_lead(t) && lead_start(t, &resumed, err) != 0) return -1;
+  if (is_lead(t) && !t->e2e && lead_start(t, &resumed, err) != 0) return -1;
   if (share_start(t, resumed, err) != 0) return -1;
   settle_loss_scale(t);
   model_weights_to_backend(m);
@@ -558,9 +583,13 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   opt.release = be->ops->host_release;
   // Its errors are about batch_size against the split's size (train_limit), workers, prefetch.
   if (loader_create(&t->loader, t->train_set, &opt, err) != 0) return config_error_where(cfg, err);
+  char sizing[256];
+  loader_sizing_describe(&opt.sizing, sizing, sizeof sizing);
+  printf("loader: %s\n", sizing);
   if (strcmp(loader_decoder(t->loader), "stb") != 0)
-    printf("decoder: %s (one decoder per loader worker, %d)\n", loader_decoder(t->loader),
-           opt.workers);
+    printf("decoder: %s (one decoder per loader worker, %d); decode, crop, resize, flip and "
+           "colour on the GPU, into %s batches\n",
+           loader_decoder(t->loader), opt.workers, opt.device_batch ? "device" : "host");
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1) {
     error_set(err,
@@ -582,7 +611,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
          (long long)t->schedule.warmup_steps, t->schedule.min_lr);
-  int rc = is_lead(t) ? open_metrics(t, err) : 0;
+  int rc = is_lead(t) && !t->e2e ? open_metrics(t, err) : 0;
   fflush(stdout);  // the setup log (what was resumed from) survives a kill in the first steps
   return rc;
 }
@@ -597,6 +626,10 @@ static void trainer_teardown(Trainer *t) {
   runlock_release(&t->lock);
   if (be->ops) {
     be->ops->synchronize(be);
+    for (int i = 0; i < MARK_RING; i++) {
+      if (t->mark_begin[i]) be->ops->mark_destroy(be, t->mark_begin[i]);
+      if (t->mark_end[i]) be->ops->mark_destroy(be, t->mark_end[i]);
+    }
     step_graphs_destroy(&t->graphs, be);
     if (t->opt.state) optimizer_destroy(&t->opt, be);
     be->ops->release(be, t->eval_sums);
@@ -632,6 +665,8 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
   int64_t first_sample = (int64_t)t->comm->rank * t->train_opt.batch_size;
   learner_set_step(&t->model, &t->opt, step, (float)lr_at_step(&t->schedule, step));
   be->ops->stage_consume(be, slot);
+  be->ops->mark_record(be, t->mark_begin[step % MARK_RING]);
+  t->blocked[step % MARK_RING] = t->blocked_next;
   StepBatch batch = {
       .images = t->pixels[slot], .images_dtype = DTYPE_U8, .labels = t->labels[slot]};
   if (t->augment) {  // normalize, then erase and mix on the backend
@@ -648,8 +683,36 @@ static int train_step(Trainer *t, int slot, int B, Error *err) {
     return -1;
   if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
   be->ops->stage_release(be, slot);
+  be->ops->mark_record(be, t->mark_end[step % MARK_RING]);
   t->state.step = step + 1;
   return 0;
+}
+
+// Counts the data wait of the steps in [marks_read, upto): the gap before each, from the end
+// of the one before it (none for the first after a break).
+static void count_data_wait(Trainer *t, int64_t upto) {
+  Backend *be = &t->be;
+  for (int64_t k = t->marks_read; k < upto; k++) {
+    if (k <= t->marks_first) continue;
+    double idle =
+        be->ops->mark_seconds(be, t->mark_end[(k - 1) % MARK_RING], t->mark_begin[k % MARK_RING]);
+    data_wait_step(&t->wait, idle, t->blocked[k % MARK_RING]);
+  }
+  if (upto > t->marks_read) t->marks_read = upto;
+}
+
+// An evaluation or a checkpoint ran on the queue since the last step: no gap across it counts.
+static void break_data_wait(Trainer *t) {
+  count_data_wait(t, t->state.step);
+  t->marks_first = t->state.step;
+}
+
+// loader_next for the next step's batch, timed for the data wait.
+static int next_batch(Trainer *t, Batch **b, Error *err) {
+  double t0 = time_now_s();
+  int rc = loader_next(t->loader, b, err);
+  t->blocked_next = time_now_s() - t0;
+  return rc;
 }
 
 static void format_duration(char *buf, size_t size, double seconds) {
@@ -751,8 +814,26 @@ static int check_nonfinite(Trainer *t, const OptimState *s, Error *err) {
   return 0;
 }
 
+// Said once a run, when the loader sets the speed: what was measured, and what to change.
+static void warn_data_wait(const Trainer *t, double data_wait) {
+  const LoaderOptions *o = &t->train_opt;
+  char hint[512];
+  int n = snprintf(hint, sizeof hint, "%s data.workers (now %d) if this machine has idle cores",
+                   o->sizing.auto_workers ? "set" : "raise", o->workers);
+  if (!o->sizing.auto_prefetch && n < (int)sizeof hint)
+    n += snprintf(hint + n, sizeof hint - n, "; unset data.prefetch (auto: workers + 2)");
+  if (strcmp(loader_decoder(t->loader), "stb") == 0 && dataset_has_files(t->train_set) &&
+      n < (int)sizeof hint)
+    snprintf(hint + n, sizeof hint - n,
+             "; data.decoder=nvjpeg (device=cuda, a build with nvJPEG) decodes and augments on "
+             "the GPU");
+  printf("warning: the device waited for batches %.0f%% of the time up to step %lld: the data "
+         "loader, not the model, sets this run's speed\nHINT: %s\n",
+         100 * data_wait, (long long)t->state.step, hint);
+}
+
 static int log_progress(Trainer *t, const OptimState *s, double lr, double img_s, double eta,
-                        Error *err) {
+                        double data_wait, Error *err) {
   char eta_s[32], extra[96] = "";
   format_duration(eta_s, sizeof eta_s, eta);
   double loss = s->loss_steps ? s->loss_sum / (double)s->loss_steps : NAN;
@@ -761,16 +842,19 @@ static int log_progress(Trainer *t, const OptimState *s, double lr, double img_s
     snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "  skipped %lld",
              (long long)s->skipped);
   bool epoch_end = t->state.batch == 0;
-  printf("epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  eta %s%s\n",
-         (long long)(epoch_end ? t->state.epoch : t->state.epoch + 1), (long long)t->state.step,
-         (long long)t->total_steps, loss, lr, s->grad_norm, img_s, eta_s, extra);
+  printf(
+      "epoch %lld step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  img/s %.0f  data %.0f%%  "
+      "eta %s%s\n",
+      (long long)(epoch_end ? t->state.epoch : t->state.epoch + 1), (long long)t->state.step,
+      (long long)t->total_steps, loss, lr, s->grad_norm, img_s, 100 * data_wait, eta_s, extra);
+  if (data_wait_should_warn(&t->wait, data_wait)) warn_data_wait(t, data_wait);
   fflush(stdout);
   return metrics_write(&t->metrics, err,
                        "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6e, "
-                       "\"grad_norm\": %.6f, \"img_per_s\": %.1f, \"loss_scale\": %g, "
-                       "\"skipped\": %lld}",
+                       "\"grad_norm\": %.6f, \"img_per_s\": %.1f, \"data_wait\": %.4f, "
+                       "\"loss_scale\": %g, \"skipped\": %lld}",
                        (long long)t->state.step, (long long)t->state.epoch, loss, lr, s->grad_norm,
-                       img_s, (double)s->loss_scale, (long long)s->skipped);
+                       img_s, data_wait, (double)s->loss_scale, (long long)s->skipped);
 }
 
 // Whether to stop after this step: a stop request (signal) seen by any rank stops every rank
@@ -782,24 +866,128 @@ static int stop_agreed(Trainer *t, bool *stop, Error *err) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// bench=e2e: the run as configured (dataset, loader, recipe, the step as it trains), timed over
+// bench.steps steps after bench.warmup, with epoch boundaries wherever the dataset puts them;
+// then the same step on the last batch, resident, for the upper bound beside it.
+
+typedef struct {
+  double t0, seconds;          // the timed steps' wall time
+  double waited0, waited;      // the data wait's total at the start, and over the steps
+  LoaderStageTimes stages0, stages;
+  int64_t step0, steps;
+  bool done;
+} E2eRecord;
+
+static void e2e_begin(Trainer *t, E2eRecord *r) {
+  t->be.ops->synchronize(&t->be);
+  count_data_wait(t, t->state.step);
+  r->waited0 = t->wait.total_s;
+  loader_stage_times(t->loader, &r->stages0);
+  r->step0 = t->state.step;
+  r->t0 = time_now_s();
+}
+
+static int e2e_end(Trainer *t, E2eRecord *r, Error *err) {
+  if (t->reducer && grad_reducer_sync(t->reducer, err) != 0) return -1;
+  t->be.ops->synchronize(&t->be);
+  r->seconds = time_now_s() - r->t0;
+  count_data_wait(t, t->state.step);
+  r->waited = t->wait.total_s - r->waited0;
+  r->steps = t->state.step - r->step0;
+  loader_stage_times(t->loader, &r->stages);
+  for (int k = 0; k < LOADER_STAGES; k++) r->stages.seconds[k] -= r->stages0.seconds[k];
+  r->stages.images -= r->stages0.images;
+  r->done = true;
+  return 0;
+}
+
+// The resident step: the steps the trainer ran, on slot's batch, without the loader.
+static int e2e_resident(Trainer *t, int slot, int steps, double *seconds, Error *err) {
+  int B = t->train_opt.batch_size;
+  for (int i = 0; i < 5; i++)
+    if (train_step(t, slot, B, err) != 0) return -1;
+  if (t->reducer && grad_reducer_sync(t->reducer, err) != 0) return -1;
+  t->be.ops->synchronize(&t->be);
+  double t0 = time_now_s();
+  for (int i = 0; i < steps; i++) {
+    if (train_step(t, slot, B, err) != 0) return -1;
+    if (t->reducer && grad_reducer_sync_previous(t->reducer, err) != 0) return -1;
+  }
+  if (t->reducer && grad_reducer_sync(t->reducer, err) != 0) return -1;
+  t->be.ops->synchronize(&t->be);
+  *seconds = time_now_s() - t0;
+  return 0;
+}
+
+static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
+  const Config *cfg = t->cfg;
+  if (!r->done) return error_set(err, "bench=e2e: the run stopped before its timed steps ended");
+  int resident_steps = cfg->bench_steps < 100 ? cfg->bench_steps : 100;
+  double resident_s = 0;
+  if (e2e_resident(t, slot, resident_steps, &resident_s, err) != 0) return -1;
+  // Every rank's times: the slowest rank's count (the ranks step together).
+  double v[3] = {r->seconds, r->waited, resident_s};
+  if (comm_allreduce_doubles(t->comm, v, 3, COMM_MAX, err) != 0) return -1;
+  double img_s = (double)r->steps * cfg->batch_size / v[0];
+  double resident_img_s = (double)resident_steps * cfg->batch_size / v[2];
+  double wait = v[1] / v[0];
+  if (!is_lead(t)) return 0;
+  const char *dataset = cfg->dataset;
+  const char *decoder = loader_decoder(t->loader);
+  const LoaderOptions *o = &t->train_opt;
+  double per_image = r->stages.images > 0 ? 1e3 / (double)r->stages.images : 0;
+  printf("\nbench e2e: %s, %s, %d workers, ring of %d; %lld timed steps (%lld epochs of %lld "
+         "steps) after %d warm-up steps\n",
+         dataset, decoder, o->workers, o->prefetch, (long long)r->steps,
+         (long long)((r->steps + t->steps_per_epoch - 1) / t->steps_per_epoch),
+         (long long)t->steps_per_epoch, cfg->bench_warmup);
+  printf("  end to end        %9.1f img/s  %7.2f ms/step\n", img_s,
+         1e3 * v[0] / (double)r->steps);
+  printf("  resident batch    %9.1f img/s  %7.2f ms/step  (the same step, no loader: an upper "
+         "bound)\n",
+         resident_img_s, 1e3 * v[2] / resident_steps);
+  printf("  end to end / resident  %.3f;  data wait %.1f%% of the time\n", img_s / resident_img_s,
+         100 * wait);
+  printf("  loader, ms per image and stage (summed over workers; %s):\n   ",
+         o->gpu_decode ? "device time for what runs on the GPU" : "host time");
+  for (int k = 0; k < LOADER_STAGES; k++)
+    printf(" %s %.3f", loader_stage_names[k], r->stages.seconds[k] * per_image);
+  printf("\n{\"bench\": \"e2e\", \"dataset\": \"%s\", \"decoder\": \"%s\", \"workers\": %d, "
+         "\"prefetch\": %d, \"batch\": %d, \"steps\": %lld, \"img_s\": %.1f, "
+         "\"synthetic_img_s\": %.1f, \"ratio\": %.4f, \"data_wait\": %.4f, \"stages_ms\": {",
+         dataset, decoder, o->workers, o->prefetch, cfg->batch_size, (long long)r->steps, img_s,
+         resident_img_s, img_s / resident_img_s, wait);
+  for (int k = 0; k < LOADER_STAGES; k++)
+    printf("%s\"%s\": %.4f", k ? ", " : "", loader_stage_names[k], r->stages.seconds[k] * per_image);
+  printf("}}\n");
+  fflush(stdout);
+  return 0;
+}
+
 int train_run(const Config *cfg, Comm *comm, Error *err) {
   Trainer t;
   int rc = -1;
   Batch *b = NULL;
   int slot = TRAIN_SLOT;
   if (trainer_setup(&t, cfg, comm, err) != 0) goto done;
+  if (t.e2e) t.total_steps = t.state.step + cfg->bench_warmup + cfg->bench_steps;
 
   double t_start = time_now_s(), t_window = t_start;
   int64_t steps_window = 0, start_step = t.state.step;
+  t.marks_first = t.marks_read = start_step;
+  E2eRecord e2e = {0};
   EvalResult last_eval = {0};
   bool have_eval = false, interrupted = false;
   if (t.state.step < t.total_steps) {
-    if (loader_next(t.loader, &b, err) != 0 || draw_batch_augment(&t, slot, b, err) != 0) goto done;
+    if (next_batch(&t, &b, err) != 0 || draw_batch_augment(&t, slot, b, err) != 0) goto done;
     stage_batch(&t, slot, b);
   }
   while (t.state.step < t.total_steps) {
     double lr = lr_at_step(&t.schedule, t.state.step);
+    if (t.e2e && t.state.step == start_step + cfg->bench_warmup) e2e_begin(&t, &e2e);
     if (train_step(&t, slot, b->count, err) != 0) goto done;
+    count_data_wait(&t, t.state.step - 2);
     t.state.epoch = b->epoch;
     t.state.batch = b->index + 1;
     if (t.state.batch == t.steps_per_epoch) {
@@ -809,7 +997,7 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
     // The next batch uploads while this step computes.
     Batch *next = NULL;
     if (t.state.step < t.total_steps) {
-      if (loader_next(t.loader, &next, err) != 0) goto done;
+      if (next_batch(&t, &next, err) != 0) goto done;
       if (draw_batch_augment(&t, slot ^ 1, next, err) != 0) {
         release_batch(&t, t.loader, slot ^ 1, next);
         goto done;
@@ -833,15 +1021,26 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
       double now = time_now_s();
       double img_s = (double)steps_window * cfg->batch_size / (now - t_window);
       double eta = (double)(t.total_steps - step) * (now - t_start) / (double)(step - start_step);
-      if (log_progress(&t, &s, lr, img_s, eta, err) != 0) goto done;
+      count_data_wait(&t, step);
+      double waited = data_wait_interval(&t.wait, now - t_window);
+      if (log_progress(&t, &s, lr, img_s, eta, waited, err) != 0) goto done;
       if (check_nonfinite(&t, &s, err) != 0) goto done;
       t_window = time_now_s();
       steps_window = 0;
     }
     bool last = step == t.total_steps;
+    if (t.e2e) {  // the benchmark evaluates and checkpoints nothing
+      if (stop) {
+        printf("stopped by signal at step %lld\n", (long long)step);
+        break;
+      }
+      if (last && e2e_end(&t, &e2e, err) != 0) goto done;
+      continue;
+    }
     bool eval_now = cfg->eval_every > 0 ? step % cfg->eval_every == 0 : epoch_end;
     if ((eval_now || last) && !stop) {
       if (run_eval(&t, &last_eval, err) != 0) goto done;
+      break_data_wait(&t);
       have_eval = true;
     }
     bool ckpt_now = cfg->ckpt_every > 0 ? step % cfg->ckpt_every == 0 : epoch_end;
@@ -851,6 +1050,7 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
       if (read_optim_state(&t, &s, err) != 0) goto done;
       if (check_nonfinite(&t, &s, err) != 0) goto done;
       if (save_checkpoint(&t, err) != 0) goto done;
+      break_data_wait(&t);
     }
     if (stop) {
       printf("stopped by signal at step %lld; resume with resume=auto\n", (long long)step);
@@ -859,6 +1059,13 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
     }
   }
   if (t.reducer && grad_reducer_sync(t.reducer, err) != 0) goto done;
+  if (t.e2e) {
+    if (b) release_batch(&t, t.loader, slot, b);
+    b = NULL;
+    if (e2e_report(&t, &e2e, slot ^ 1, err) != 0) goto done;
+    rc = 0;
+    goto done;
+  }
   double elapsed = time_now_s() - t_start;
   char took[32];
   format_duration(took, sizeof took, elapsed);

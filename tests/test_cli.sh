@@ -101,6 +101,29 @@ expect "swin_predict with device=cpu reads the checkpoint's geometry" 1 \
   "needs tensor 'input' F32 \(B, 16, 16, 1\)" -- \
   "$build/swin_predict" "$ckpt" "$fixture" "$tmp/out.safetensors" device=cpu
 
+# bench=e2e: the configured data and loader, timed end to end beside the resident step; it
+# writes nothing. Training says how the loader was sized and how long the device waited.
+expect "bench=e2e prints its JSON line" 0 '^\{"bench": "e2e", "dataset": "synthetic".*"img_s": [0-9.]+, "synthetic_img_s": [0-9.]+, "ratio": [0-9.]+, "data_wait": [0-9.]+, "stages_ms": \{"read": ' -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu bench=e2e \
+  bench.steps=40 bench.warmup=2 run_dir="$tmp/e2e"
+expect "bench=e2e crosses epochs and names the resident step an upper bound" 0 \
+  "40 timed steps \(2 epochs of 32 steps\).*|resident batch .*upper bound" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu bench=e2e \
+  bench.steps=40 bench.warmup=2 run_dir="$tmp/e2e"
+expect "bench=e2e writes no run_dir" 0 "^absent$" -- \
+  bash -c '[ -e "$1" ] && echo present || echo absent' _ "$tmp/e2e"
+expect "bench refuses an unknown mode" 1 "bad value 'fast' for key 'bench'" -- \
+  "$bin" --dry-run "$src/tests/tiny_fashion.ini" bench=fast
+expect "data.workers = 0 sizes the loader from the cores" 0 \
+  "loader: [0-9]+ workers? \(auto: [0-9]+ cores? for this process.*a ring of [0-9]+ batches \(auto: workers \+ 2\)" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu data.workers=0 \
+  train.max_steps=2 run_dir="$tmp/auto_workers"
+expect "the progress line carries the data wait" 0 "step 2/2 .* img/s [0-9]+  data [0-9]+%" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu train.max_steps=2 \
+  run_dir="$tmp/data_wait"
+expect "metrics.jsonl carries the data wait" 0 '"data_wait": [0-9.]+' -- \
+  cat "$tmp/data_wait/metrics.jsonl"
+
 # The README's key reference is the program's own.
 readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
 expect "README key reference matches swin_train --keys" 0 "^same$" -- \

@@ -79,7 +79,7 @@ static inline TestPacked test_pack(const TransformPlan *plans, int n, int chans,
                                    const int64_t *src) {
   TestPacked p;
   p.packed = malloc_check((size_t)transform_plans_packed_bytes(plans, n));
-  transform_plans_pack(plans, n, chans, src, p.packed, &p.batch);
+  transform_plans_pack(plans, n, chans, src, NULL, p.packed, &p.batch);
   return p;
 }
 
