@@ -372,18 +372,6 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
   }
   L->workers = calloc_check((size_t)opt->workers, sizeof(Worker));
   bool gpu_decode = opt->gpu_decode && dataset_has_files(ds);
-  for (int i = 0; i < opt->prefetch && gpu_decode; i++) {
-    // The decoder's destination (data/jpeg_gpu.h); with device_batch, the batch itself.
-    L->slots[i].batch.device_pixels = jpeg_gpu_device_alloc(pixel_bytes);
-    if (!L->slots[i].batch.device_pixels) {
-      error_set(err,
-                "loader: cannot allocate %d device batch buffers of %zu bytes on the GPU\n"
-                "HINT: lower data.prefetch or train.batch_size, or set data.decoder=stb",
-                opt->prefetch, pixel_bytes);
-      loader_destroy(L);
-      return -1;
-    }
-  }
   for (int i = 0; i < opt->workers; i++) {
     Worker *wk = &L->workers[i];
     wk->loader = L;
@@ -401,6 +389,18 @@ int loader_create(Loader **out, const Dataset *ds, const LoaderOptions *opt, Err
     wk->rngs = calloc_check((size_t)opt->batch_size, sizeof *wk->rngs);
     wk->drawn = calloc_check((size_t)opt->batch_size * IMAGE_AUG_MAX_STEPS, sizeof *wk->drawn);
     wk->steps = calloc_check((size_t)opt->batch_size * IMAGE_AUG_MAX_STEPS, sizeof *wk->steps);
+  }
+  for (int i = 0; i < opt->prefetch && gpu_decode; i++) {
+    // The decoder's destination (data/jpeg_gpu.h); with device_batch, the batch itself.
+    L->slots[i].batch.device_pixels = jpeg_gpu_device_alloc(pixel_bytes);
+    if (!L->slots[i].batch.device_pixels) {
+      error_set(err,
+                "loader: cannot allocate %d device batch buffers of %zu bytes on the GPU\n"
+                "HINT: lower data.prefetch or train.batch_size, or set data.decoder=stb",
+                opt->prefetch, pixel_bytes);
+      loader_destroy(L);
+      return -1;
+    }
   }
   L->threads = calloc_check((size_t)opt->workers, sizeof(pthread_t));
   for (int i = 0; i < opt->workers; i++) {

@@ -122,8 +122,8 @@ static void test_defaults(void) {
        c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0 &&
        strcmp(c.cuda_graphs, "auto") == 0;
   test_check(ok, "defaults: [train] (official recipe)");
-  ok = strcmp(c.dataset, "imagefolder") == 0 && c.path[0] == 0 && c.workers == 4 &&
-       c.prefetch == 4 && c.num_mean == 3 && floats_equal(c.mean, imagenet_mean, 4) &&
+  ok = strcmp(c.dataset, "imagefolder") == 0 && c.path[0] == 0 && c.workers == 0 &&
+       c.prefetch == 0 && c.num_mean == 3 && floats_equal(c.mean, imagenet_mean, 4) &&
        floats_equal(c.std, imagenet_std, 4) && c.scale_min == 0.08f && c.scale_max == 1.0f &&
        c.ratio_min == 0.75f && c.ratio_max == 1.3333333f && c.hflip == 0.5f &&
        c.crop_pct == 0.875f && c.train_limit == 0 && c.val_limit == 0 && !c.skip_bad &&
