@@ -18,6 +18,9 @@
 #   jpeg: the JPEG path's real run, Fashion-MNIST written as 112x112 JPEGs (fashion_mnist_jpegs.py)
 #   and trained with configs/fashion_mnist_jpeg.ini (full recipe, data.decoder=auto) on the GPU;
 #   JPEG_EPOCHS overrides its 30 epochs.
+#   e2e: scripts/bench_e2e.sh, swin.c and PyTorch end to end on generated JPEGs (/tmp/e2e_jpegs)
+#   and their shards (/tmp/e2e_shards; E2E_SHARDS=0 leaves them out); STEPS, TORCH_STEPS and
+#   DECODERS pass through.
 set -uo pipefail
 out=${OUT:-/tmp/gpu_perf}
 mkdir -p "$out"
@@ -86,6 +89,11 @@ if has jpeg; then
   step jpeg_train 540 build-gpu/swin_train configs/fashion_mnist_jpeg.ini device=cuda \
     data.path=/tmp/fashion_mnist_jpeg run_dir=/tmp/gpu_perf_jpeg_run train.epochs=${JPEG_EPOCHS:-30}
 fi
+if has e2e; then
+  e2e_roots=(/tmp/e2e_jpegs)
+  [ "${E2E_SHARDS:-1}" = 1 ] && e2e_roots+=(/tmp/e2e_shards)
+  OUT=$out/e2e SWIN_TRAIN=build-gpu/swin_train step e2e 560 bash scripts/bench_e2e.sh "${e2e_roots[@]}"
+fi
 if has gemm; then
   step gemm_small_k 120 build-gpu/bench_gemm_small_k
 fi
@@ -106,6 +114,7 @@ done
 [ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
 [ -f "$out/memory.txt" ] && cat "$out/memory.txt"
 [ -f "$out/jpeg_train.log" ] && grep -E '^(decoder|eval|done)' "$out/jpeg_train.log" | tail -4
+[ -f "$out/e2e.log" ] && sed -n '/== end to end/,$p' "$out/e2e.log"
 [ -f "$out/ctest.log" ] && grep -E "tests passed|tests failed|\*\*\*|Failed|Skipped" "$out/ctest.log"
 [ -f "$out/pytorch.log" ] && sed -n '/== swin.c vs PyTorch/,$p' "$out/pytorch.log"
 printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-14s %-32s %s\n", $1, $2, $3}'

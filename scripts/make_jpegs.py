@@ -9,11 +9,12 @@ smooth illumination, a few textured objects with hard edges, and sensor noise, s
 coder sees realistic data (flat synthetic images decode several times faster than photos).
 
 Usage:
-    python3 scripts/make_jpegs.py OUT_DIR [--train 4000] [--val 500] [--classes 10] [--seed 0]
+    python3 scripts/make_jpegs.py OUT_DIR [--train 4000] [--val 500] [--classes 10] [--seed 0] [--jobs N]
 writes OUT_DIR/train/<class>/NNNNNN.jpg and OUT_DIR/val/<class>/NNNNNN.jpg and prints the mean
 file size and resolution. Needs numpy and Pillow.
 """
 import argparse
+import multiprocessing
 import os
 
 import numpy as np
@@ -51,19 +52,24 @@ def photo(rng, w, h):
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB")
 
 
-def write_split(root, split, count, classes, rng):
-    sizes, pixels = 0, 0
-    for i in range(count):
-        cls = f"class{i % classes:03d}"
-        d = os.path.join(root, split, cls)
-        os.makedirs(d, exist_ok=True)
-        w, h = image_size(rng)
-        path = os.path.join(d, f"{i:06d}.jpg")
-        photo(rng, w, h).save(path, "JPEG", quality=int(rng.integers(75, 96)), subsampling=2)
-        sizes += os.path.getsize(path)
-        pixels += w * h
-    print(f"{split}: {count} images, mean {sizes / count / 1024:.1f} KB, "
-          f"mean {pixels / count / 1e3:.0f} kpixels")
+def write_one(job):
+    root, split, split_id, i, classes, seed = job
+    # Each image has its own generator, so the files do not depend on how the work is split.
+    rng = np.random.default_rng([seed, split_id, i])
+    d = os.path.join(root, split, f"class{i % classes:03d}")
+    os.makedirs(d, exist_ok=True)
+    w, h = image_size(rng)
+    path = os.path.join(d, f"{i:06d}.jpg")
+    photo(rng, w, h).save(path, "JPEG", quality=int(rng.integers(75, 96)), subsampling=2)
+    return os.path.getsize(path), w * h
+
+
+def write_split(pool, root, split, split_id, count, classes, seed):
+    jobs = [(root, split, split_id, i, classes, seed) for i in range(count)]
+    done = pool.map(write_one, jobs, chunksize=16)
+    sizes, pixels = sum(d[0] for d in done), sum(d[1] for d in done)
+    print(f"{split}: {count} images, mean {sizes / max(count, 1) / 1024:.1f} KB, "
+          f"mean {pixels / max(count, 1) / 1e3:.0f} kpixels")
 
 
 def main():
@@ -73,10 +79,11 @@ def main():
     ap.add_argument("--val", type=int, default=500)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes (default: all cores)")
     args = ap.parse_args()
-    rng = np.random.default_rng(args.seed)
-    write_split(args.out, "train", args.train, args.classes, rng)
-    write_split(args.out, "val", args.val, args.classes, rng)
+    with multiprocessing.Pool(args.jobs) as pool:
+        write_split(pool, args.out, "train", 0, args.train, args.classes, args.seed)
+        write_split(pool, args.out, "val", 1, args.val, args.classes, args.seed)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool la
   return 0;
 }
 
+void step_graphs_auto_off(StepGraphs *g, const char *mode, const char *why) {
+  if (strcmp(mode, "auto") != 0 || !g->on) return;
+  g->on = false;
+  g->why_off = why;
+}
+
 void step_graphs_destroy(StepGraphs *g, Backend *be) {
   for (int i = 0; i < g->num_entries; i++)
     if (g->entries[i].graph) be->ops->graph_destroy(be, g->entries[i].graph);

@@ -73,6 +73,9 @@ typedef struct {
 // was started by a launcher (data parallel: a failed capture ends the run). auto is on where
 // supported, on insists (an error saying why not, with a HINT), off never captures.
 int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched, Error *err);
+// Where train.cuda_graphs is auto, turns graphs off for the reason `why` (printed by
+// step_graphs_describe); on and off are left as they are.
+void step_graphs_auto_off(StepGraphs *g, const char *mode, const char *why);
 // Frees the graphs (before the memory they name: the model, the optimizer, the batch buffers).
 void step_graphs_destroy(StepGraphs *g, Backend *be);
 // learner_step(m, o, cfg, norm, batch, B, first_sample): a replay of batch's graph when there is

@@ -500,13 +500,20 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
   if (step_graphs_init(&t->graphs, &t->be, cfg->cuda_graphs, comm->mpi, err) != 0) return -1;
+  if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
+  if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
+  // Measured on the H200 (data/PERF.md, version 6): while the step replays as a graph, the
+  // nvJPEG decoders' work on the same GPU runs 4-5x slower and starves the step (4,950 img/s
+  // against 6,240 with plain launches, Swin-T bf16 batch 128; the resident step loses ~2%).
+  if (gpu_decode && dataset_has_files(t->train_set))
+    step_graphs_auto_off(&t->graphs, cfg->cuda_graphs,
+                         "train.cuda_graphs=auto while nvJPEG decodes the training images on this "
+                         "GPU (measured faster without; train.cuda_graphs=on forces them)");
   if (t->be.device == DEVICE_CUDA) {
     char graphs[256];
     step_graphs_describe(&t->graphs, graphs, sizeof graphs);
     printf("cuda graphs: %s\n", graphs);
   }
-  if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
-  if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
   if (dataset_num_classes(t->train_set) > cfg->num_classes) {
     error_set(err,
               "the dataset has %d classes but model.num_classes is %d\n"

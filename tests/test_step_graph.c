@@ -106,6 +106,13 @@ static void check_resolve(Backend *cpu, Backend *capturing) {
              "on under a launcher: on");
   test_check(step_graphs_init(&g, cpu, "auto", true, &err) == 0 && !g.on,
              "auto under a launcher on the CPU: off");
+  step_graphs_init(&g, capturing, "auto", false, &err);
+  step_graphs_auto_off(&g, "auto", "the loader's reason");
+  test_check(!g.on && strcmp(g.why_off, "the loader's reason") == 0,
+             "auto turned off for a reason: off, and the log gives the reason");
+  step_graphs_init(&g, capturing, "on", false, &err);
+  step_graphs_auto_off(&g, "on", "the loader's reason");
+  test_check(g.on, "on is not turned off by a reason that applies to auto");
 }
 
 typedef struct {
