@@ -9,12 +9,18 @@
 // A batch takes two calls. jpeg_gpu_parse reads the headers: which files nvJPEG takes, and
 // their sizes. The caller then draws each taken file's TransformPlan (data/transform.h: the
 // RandomResizedCrop box, interpolation and flip, or eval's resize + center crop) from that
-// size, and jpeg_gpu_decode_parsed decodes the batch in one nvjpegDecodeBatched and runs the
-// plans on the device right after it (kernels/resize.h: Pillow's resize with image_resize's
-// integer weights, so the bytes are transform_apply's on the same decoded pixels), copies back
-// only the outputs (out_h * out_w * chans bytes per image, not the whole decoded image) and
-// waits. The CPU keeps the draws and the colour part (RandAugment). Without plans, the whole
-// decoded images come back (the reference the tests run the CPU transform on).
+// size, and the colour steps (RandAugment or ColorJitter, kernels/image_aug.h). The loader's
+// call, jpeg_gpu_decode_into, decodes the batch in one nvjpegDecodeBatched, runs the plans
+// on the device right after it (kernels/resize.h: Pillow's resize with image_resize's integer
+// weights, so the bytes are transform_apply's on the same decoded pixels) into a device batch,
+// then the colour steps over the whole batch; only the draws stay on the CPU, and nothing
+// waits until jpeg_gpu_finish. jpeg_gpu_decode_parsed instead copies the plans' outputs (or,
+// without plans, the whole decoded images: the reference the tests run the CPU transform on)
+// back to the host and waits.
+//
+// Beside a training step replayed as a CUDA graph on the same GPU, nvjpegDecodeBatched's host
+// call took 4-5x longer (data/PERF.md, version 6), so the trainer runs its step without graphs
+// while this decoder feeds it (train.cuda_graphs = auto).
 //
 // Only what both decoders read the same way goes to nvJPEG: files that pass image_check
 // (data/image.h), are baseline or extended-sequential Huffman JPEGs of 8-bit samples with 1 or

@@ -9,8 +9,8 @@
 // The geometric part of either is a TransformPlan, drawn before any pixel is read: which box of
 // the source is resized to what size, which window of that is kept, with which filter, and
 // whether it is mirrored. transform_apply runs a plan on the CPU; the loader's nvJPEG path runs
-// the same plans on the GPU (transform_plans_pack, kernels/resize.h) and keeps only the draws
-// and the colour part on the CPU.
+// the same plans on the GPU (transform_plans_pack, kernels/resize.h), and the colour part as
+// the steps dataset_plan_colour draws (kernels/image_aug.h): only the draws stay on the CPU.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

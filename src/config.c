@@ -209,7 +209,8 @@ static const ConfigKey config_keys[] = {
     {"train.cuda_graphs", KEY_ENUM, "auto",
      "the training step captured once into a CUDA graph and replayed (the same kernels, the same "
      "bits, without a host launch per kernel; under a launcher with its NCCL all-reduces): auto "
-     "(on where supported: device cuda), on (an error where unsupported) or off",
+     "(on where supported: device cuda, except while nvJPEG decodes the training images on the "
+     "same GPU, measured faster without), on (an error where unsupported) or off",
      TEXT(cuda_graphs), .choices = "auto|on|off"},
 
     // [data]

@@ -397,7 +397,7 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
               {"gradients (fp32)", grads},
               {"AdamW moments (fp32 x 2)", moments},
               {"activations", acts},
-              {"batch slots (uint8 + labels, x4)", batches},
+              {"the step's batch slots (uint8 + labels, x4)", batches},
               {"scratch, tables, optimizer state", other},
               {"total", total}};
   printf("memory on %s:\n", t->be.ops->name);
@@ -595,8 +595,11 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   printf("loader: %s\n", sizing);
   if (strcmp(loader_decoder(t->loader), "stb") != 0)
     printf("decoder: %s (one decoder per loader worker, %d); decode, crop, resize, flip and "
-           "colour on the GPU, into %s batches\n",
-           loader_decoder(t->loader), opt.workers, opt.device_batch ? "device" : "host");
+           "colour on the GPU, into the ring's %d batches on the device (%.1f MiB beside the "
+           "table above)%s\n",
+           loader_decoder(t->loader), opt.workers, opt.prefetch,
+           (double)opt.prefetch * opt.batch_size * cfg->img_h * cfg->img_w * cfg->in_chans / (1 << 20),
+           opt.device_batch ? "" : ", copied back to the host");
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1) {
     error_set(err,
