@@ -427,13 +427,16 @@ static void free_epoch(Epoch *e) {
   free(e->samples);
 }
 
-static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int batch, Epoch *e,
-                     Error *err) {
+// An epoch of the loader into e. prefetch 0: workers + 1. device_batch: the batches stay on the
+// device (the trainer's path) and are copied back here to compare.
+static int run_epoch_ring(const Dataset *ds, int workers, int prefetch, bool device_batch, bool gpu,
+                          bool train, int batch, Epoch *e, Error *err) {
   LoaderOptions o = {.batch_size = batch,
                      .train = train,
                      .seed = 7,
                      .workers = workers,
-                     .prefetch = workers + 1,
+                     .prefetch = prefetch > 0 ? prefetch : workers + 1,
+                     .device_batch = device_batch,
                      .rank = 0,
                      .world = 1,
                      .gpu_decode = gpu};
@@ -456,7 +459,27 @@ static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int b
     Batch *b;
     rc = loader_next(L, &b, err);
     if (rc != 0) break;
-    memcpy(e->pixels + (size_t)k * batch * bytes, b->pixels, (size_t)b->count * bytes);
+    uint8_t *dst = e->pixels + (size_t)k * batch * bytes;
+    if (device_batch) {
+      cudaError_t ce = b->device_pixels ? cudaMemcpy(dst, b->device_pixels,
+                                                     (size_t)b->count * bytes, cudaMemcpyDeviceToHost)
+                                        : cudaErrorInvalidValue;
+      if (ce != cudaSuccess) {
+        rc = error_set(err, "device batch %lld: %s", (long long)k,
+                       b->device_pixels ? cudaGetErrorString(ce) : "no device_pixels");
+        loader_release_batch(L, b);
+        break;
+      }
+      // Poisoned before the slot goes back: a byte the next fill of it misses shows.
+      if (ce == cudaSuccess) ce = cudaMemset(b->device_pixels, 0xA5, (size_t)b->count * bytes);
+      if (ce != cudaSuccess) {
+        rc = error_set(err, "device batch %lld: poisoning: %s", (long long)k, cudaGetErrorString(ce));
+        loader_release_batch(L, b);
+        break;
+      }
+    } else {
+      memcpy(dst, b->pixels, (size_t)b->count * bytes);
+    }
     memcpy(e->labels + k * batch, b->labels, sizeof(int) * (size_t)b->count);
     memcpy(e->samples + k * batch, b->samples, sizeof(int64_t) * (size_t)b->count);
     loader_release_batch(L, b);
@@ -464,6 +487,11 @@ static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int b
   loader_destroy(L);
   if (rc != 0) free_epoch(e);
   return rc;
+}
+
+static int run_epoch(const Dataset *ds, int workers, bool gpu, bool train, int batch, Epoch *e,
+                     Error *err) {
+  return run_epoch_ring(ds, workers, 0, false, gpu, train, batch, e, err);
 }
 
 static Config folder_config(const char *root, bool skip_bad) {
@@ -693,7 +721,25 @@ static void test_loader_exact(TestRng *r) {
           dataset_close(ds);
           return;
         }
+        // The trainer's path: batches left on the device, two workers sharing a ring of one.
+        Epoch dev;
+        if (run_epoch_ring(ds, 2, 1, true, true, train, batch, &dev, &err) != 0) {
+          test_check(0, "loader epoch into device batches: %s", err.msg);
+          free_epoch(&one);
+          free_epoch(&three);
+          free_epoch(&ref);
+          dataset_close(ds);
+          return;
+        }
         size_t bytes = (size_t)dataset_sample_bytes(ds);
+        int64_t dev_differ =
+            test_bytes_differ(one.pixels, dev.pixels, (int64_t)count * (int64_t)bytes);
+        test_check(dev_differ == 0 && memcmp(one.labels, dev.labels, sizeof(int) * (size_t)count) == 0,
+                   "%s %s epoch, %dx%dx%d: device batches (2 workers, a ring of 1) against host "
+                   "batches (1 worker, a ring of 2): %lld of %lld bytes differ (tol 0)",
+                   kind == 0 ? "imagefolder" : "shards", train ? "train" : "eval", cfg.img_h,
+                   cfg.img_w, chans, (long long)dev_differ, (long long)count * (long long)bytes);
+        free_epoch(&dev);
         bool workers_same =
             memcmp(one.pixels, three.pixels, (size_t)count * bytes) == 0 &&
             memcmp(one.labels, three.labels, sizeof(int) * (size_t)count) == 0 &&
