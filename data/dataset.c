@@ -1,9 +1,11 @@
-// dataset.c: the two datasets (Fashion-MNIST IDX files, gzipped or plain; ImageFolder trees of
-// JPEG/PNG files) and sample loading: decode, transform, label.
+// dataset.c: the four datasets (data.dataset: Fashion-MNIST IDX files, gzipped or plain;
+// ImageFolder trees of JPEG/PNG files; tar shards of such files, data/shards.h; synthetic random
+// pixels) and sample loading: decode, transform, label.
 //
 // Fashion-MNIST is decoded into memory once (60000 x 28 x 28 bytes); gzip is parsed here (RFC 1952)
 // and inflated with stb_image's zlib decoder, so the project needs no zlib. ImageFolder keeps only
-// the file list and decodes each image when it is loaded.
+// the file list and shards only their tar index; each image is read and decoded when it is
+// loaded. Synthetic samples are computed from (seed, split, index) and read nothing.
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
@@ -770,10 +772,11 @@ static int load_image_or_next(const Dataset *ds, int64_t i, int64_t *source, uin
                    ds->describe, why);
 }
 
-// A file image's transform in its three steps, which the loader's nvJPEG path runs apart (the
-// middle one on the GPU): the plan, drawn from rng (keyed by the sample asked for, so a replaced
-// sample is as deterministic as any); the plan run on the decoded image (h, w, chans); the
-// colour part, with the draws that follow the plan's, and the label of sample source.
+// A file image's transform in its three steps: the plan, drawn from rng (keyed by the sample
+// asked for, so a replaced sample is as deterministic as any); the plan run on the decoded image
+// (h, w, chans); the colour part, with the draws that follow the plan's, and the label of sample
+// source. The loader's nvJPEG path runs them apart: the draws here (dataset_plan_sample,
+// dataset_plan_colour), the plan and the colour steps on the GPU.
 static TransformPlan plan_image(const Dataset *ds, int h, int w, bool train, Rng *rng) {
   return train ? transform_plan_train(&ds->transform, h, w, rng)
                : transform_plan_eval(&ds->transform, h, w);

@@ -1,7 +1,7 @@
 // image.c: JPEG and PNG decoding (data/image.h) with stb_image, the one place its
 // implementation is compiled.
 //
-// Only the decoders of the formats ImageFolder lists (.jpg, .jpeg, .png) are compiled: a file
+// Only the decoders of the formats the datasets list (.jpg, .jpeg, .png) are compiled: a file
 // with such a name that holds something else (a BMP, a PSD) is refused, and less decoder code
 // ever sees a file. stb allocates zeroed memory (see STBI_MALLOC below), and before it decodes
 // a file these checks refuse what it mishandles:

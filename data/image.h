@@ -1,4 +1,4 @@
-// image.h: decoding the image files of an ImageFolder dataset: JPEG and PNG, through
+// image.h: decoding the image files of ImageFolder and shard datasets: JPEG and PNG, through
 // stb_image, behind checks that keep damaged or hostile files away from what the decoder
 // mishandles (see image.c).
 #pragma once

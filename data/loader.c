@@ -46,14 +46,14 @@ typedef struct {
 // What one worker thread owns: its GPU decoder (gpu_decode) and that decoder's per-batch lists.
 typedef struct {
   Loader *loader;
-  JpegGpu *jpeg;         // NULL: stb only
-  uint8_t **files;       // (batch_size) the batch's files as read, NULL where there is none
-  size_t *file_sizes;    // (batch_size)
-  JpegGpuImage *images;  // (batch_size) what nvJPEG decoded
-  TransformPlan *plans;  // (batch_size) the geometry of the samples nvJPEG takes
-  Rng *rngs;             // (batch_size) their draws, where the colour part continues
-  ImageAugStep *drawn;   // (batch_size, IMAGE_AUG_MAX_STEPS) their colour steps as drawn
-  ImageAugStep *steps;   // (batch_size, nsteps) the same, nsteps = the batch's longest list
+  JpegGpu *jpeg;           // NULL: stb only
+  uint8_t **files;         // (batch_size) the batch's files as read, NULL where there is none
+  size_t *file_sizes;      // (batch_size)
+  JpegGpuImage *images;    // (batch_size) what nvJPEG decoded
+  TransformPlan *plans;    // (batch_size) the geometry of the samples nvJPEG takes
+  Rng *rngs;               // (batch_size) their draws, where the colour part continues
+  ImageAugStep *drawn;     // (batch_size, IMAGE_AUG_MAX_STEPS) their colour steps as drawn
+  ImageAugStep *steps;     // (batch_size, nsteps) the same, nsteps = the batch's longest list
   LoaderStageTimes times;  // this worker's batch in progress (added to the loader's when done)
 } Worker;
 
@@ -181,8 +181,8 @@ static int fill(Loader *L, Slot *sl, LoaderStageTimes *times) {
   Batch *b = &sl->batch;
   for (int j = 0; j < b->count; j++) {
     if (dataset_load_sample_timed(L->ds, sl->samples[j], L->opt.train, L->opt.seed, b->epoch,
-                                  b->pixels + (size_t)j * L->sample_bytes, &b->labels[j],
-                                  times, &sl->err)) {
+                                  b->pixels + (size_t)j * L->sample_bytes, &b->labels[j], times,
+                                  &sl->err)) {
       return error_prefix(&sl->err, "loader: batch %lld of epoch %lld: ", (long long)b->index,
                           (long long)b->epoch);
     }
@@ -229,9 +229,8 @@ static int fill_gpu(Loader *L, Slot *sl, Worker *wk) {
   double t2 = time_now_s();
   wk->times.seconds[LOADER_PARSE] += t2 - t1;
   if (rc == 0)
-    rc = jpeg_gpu_decode_into(wk->jpeg, wk->plans, wk->steps, nsteps,
-                              dataset_colour_fill(L->ds), b->device_pixels, (int64_t)sb,
-                              wk->images, &sl->err);
+    rc = jpeg_gpu_decode_into(wk->jpeg, wk->plans, wk->steps, nsteps, dataset_colour_fill(L->ds),
+                              b->device_pixels, (int64_t)sb, wk->images, &sl->err);
   for (int j = 0; j < b->count && rc == 0; j++) {
     if (wk->images[j].pixels) continue;
     uint8_t *pixels = b->pixels + j * sb;

@@ -1,18 +1,20 @@
-// loader.h: datasets, augmentation and the threaded batch loader.
+// loader.h: datasets, the per-image transforms and the threaded batch loader.
 //
 // A Dataset is a list of samples (an image source and a label): Fashion-MNIST from gzipped IDX
 // files, an ImageFolder (root/<class>/*.{jpg,jpeg,png}, classes sorted by name), tar shards
 // (root/<split>/*.tar of NNNNNN.jpg + NNNNNN.cls, data/shards.h) or synthetic random pixels.
 // Files are decoded with stb_image, or with the GPU's nvJPEG (gpu_decode, data/jpeg_gpu.h),
-// which then runs the whole transform on the device too. Every sample becomes an img_h x
-// img_w x in_chans uint8 image:
-//   train: RandomResizedCrop(scale, ratio) + horizontal flip, every draw from the counter-based
-//          RNG keyed by (seed, epoch, sample index), so results never depend on threads;
+// which then runs the transform on the device too (only the draws stay on the CPU). Every
+// sample becomes an img_h x img_w x in_chans uint8 image:
+//   train: RandomResizedCrop(scale, ratio) + horizontal flip, then RandAugment or ColorJitter
+//          when set (data/transform.h), every draw from the counter-based RNG keyed by (seed,
+//          epoch, sample index), so results never depend on threads;
 //   eval:  resize so the shorter side is img / crop_pct, then center crop img.
 // The Loader runs `workers` threads that fill a ring of `prefetch` batch buffers ahead of the
-// trainer. Global batch k of epoch e holds samples perm_e[k*G .. (k+1)*G), G = batch_size *
-// world (train: a permutation drawn from (seed, epoch), last partial batch dropped; eval: in
-// order, last batch partial), and rank r takes its contiguous slice [r*batch_size,
+// trainer: host buffers, or with device_batch (gpu_decode) device buffers the batch never leaves
+// (Batch.device_pixels). Global batch k of epoch e holds samples perm_e[k*G .. (k+1)*G), G =
+// batch_size * world (train: a permutation drawn from (seed, epoch), last partial batch dropped;
+// eval: in order, last batch partial), and rank r takes its contiguous slice [r*batch_size,
 // (r+1)*batch_size) of it (in eval's last batch a rank's slice may be short or empty). Training
 // on shards instead takes rank r's batch k from its own stream order (dataset_stream_order):
 // samples [k*batch_size, (k+1)*batch_size), with min over ranks of dataset_stream_samples /
@@ -83,8 +85,9 @@ int dataset_load_sample_timed(const Dataset *ds, int64_t i, bool train, uint64_t
 // file data.skip_bad knows is bad, a read error: dataset_load_sample then reports it).
 // dataset_load_decoded_sample: dataset_load_sample with sample i's own file already decoded to
 // img (h, w, in_chans); the transform and its draws are the same. The loader runs it in steps,
-// with the crop and resize on the GPU (dataset_plan_sample, data/transform.h); this whole form
-// is their reference (tests/test_gpu_jpeg.c).
+// drawn here (dataset_plan_sample, dataset_plan_colour in data/transform.h) and run on the GPU:
+// the crop, resize and flip, then the colour steps; this whole form is their reference
+// (tests/test_gpu_jpeg.c).
 bool dataset_has_files(const Dataset *ds);  // ImageFolder and shards: images as JPEG/PNG files
 int dataset_channels(const Dataset *ds);    // channels of every sample (model.in_chans)
 uint8_t *dataset_sample_file(const Dataset *ds, int64_t i, size_t *size);
@@ -134,9 +137,9 @@ typedef struct {
   int rank, world;
   int64_t start_epoch, start_batch;  // resume position: the first batch to produce
   // Decode each batch's JPEG files with nvJPEG, one decoder per worker (data/jpeg_gpu.h), on
-  // the CUDA device current when loader_create runs, and crop + resize + flip them there (the
-  // same bytes as on the CPU); PNGs and what nvJPEG does not take go to stb_image. Only
-  // ImageFolder and shards have files; other datasets ignore it.
+  // the CUDA device current when loader_create runs, and crop + resize + flip and colour them
+  // there (the same bytes as the CPU's transform of nvJPEG's pixels); PNGs and what nvJPEG does
+  // not take go to stb_image. Only ImageFolder and shards have files; other datasets ignore it.
   bool gpu_decode;
   // With gpu_decode: the batch is handed over in device memory (Batch.device_pixels), the
   // pixels never cross to the host; else it comes back to Batch.pixels as on the stb path.

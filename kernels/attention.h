@@ -47,7 +47,7 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // relative_position_index guarantees: the backward visits only those rows of dtable.
 #define WINDOW_ATTENTION_CUDA_MAX_N 64
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
-// The most thread blocks a tensor-core backward launches (one wave on the H200), which bounds
+// The most thread blocks a tensor-core backward launches (a wave: 396 on the H200), which bounds
 // its scratch: window_attention_backward_cuda_scratch <= this * (N * N + 3 * C / heads) per head.
 #define WINDOW_ATTENTION_CUDA_MAX_BLOCKS 512
 

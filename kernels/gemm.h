@@ -70,8 +70,10 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
                           int OC, float *scratch);
 
 // A linear layer for small K of our own (kernels/cuda/gemm_small_k.cu), bf16 only, with the
-// bias and optionally the exact GELU in its epilogue: an experiment against linear_forward_cuda
-// + gelu_forward_cuda (scripts/bench_gemm_small_k.cu), not yet used by the model.
+// bias and optionally the exact GELU in its epilogue. The model runs its bf16 layers on 96 input
+// features (Swin-T's stage 0: qkv, proj, fc1 with its GELU) on it (src/backend_cuda.cu,
+// use_small_k), where it beat linear_forward_cuda + gelu_forward_cuda (kernels/PERF.md,
+// version 12; scripts/bench_gemm_small_k.cu times the two).
 //   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on
 //   tensor cores and rounded to bf16 once; when post (N, OC) is not NULL, also post = GELU(pre
 //   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise

@@ -1,4 +1,5 @@
-// patch.h: the two gathers that reshape Swin's feature maps.
+// patch.h: the two gathers that reshape Swin's feature maps (patch embedding, patch merging),
+// patch merging fused with its LayerNorm, and the normalization of the uint8 input batch.
 //
 // Patch embedding is a p x p / stride p convolution; with non-overlapping patches it is a gather
 // of each patch into a row followed by a linear layer whose weight is the conv weight

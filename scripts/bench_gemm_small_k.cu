@@ -1,11 +1,10 @@
-// bench_gemm_small_k.cu: the small-K GEMM experiment (kernels/cuda/gemm_small_k.cu,
-// kernels/PERF.md) timed against cuBLASLt on Swin-T's stage 0 and 1 linear layers at batch 128,
-// bf16:
-//   (a) cuBLASLt linear_forward_cuda (bias in its epilogue);
-//   (b) linear_small_k_forward_cuda with post = NULL;
+// bench_gemm_small_k.cu: the small-K GEMM (kernels/cuda/gemm_small_k.cu, kernels/PERF.md)
+// timed against cuBLASLt on Swin-T's stage 0 and 1 linear layers at batch 128, bf16:
+//   (a) cuBLASLt linear_forward_cuda (bias in its epilogue; the model's path in stage 1);
+//   (b) linear_small_k_forward_cuda with post = NULL (the model's path in stage 0);
 //   and for the MLP's first layer (fc1) also
-//   (c) cuBLASLt + gelu_forward_cuda (the model's path today);
-//   (d) linear_small_k_forward_cuda with post (the fused GELU).
+//   (c) cuBLASLt + gelu_forward_cuda (the model's path in stage 1);
+//   (d) linear_small_k_forward_cuda with post (the fused GELU: the model's path in stage 0).
 // Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
 // TB/s counts the bytes a layer must move, 2 N IC + 2 N OC (x 2 with post), for every variant:
 // (c) moves 2 N OC x 2 more than that (the GELU pass reads pre back), so its figure is the

@@ -1,5 +1,5 @@
 // checkpoint.c: save, load and list checkpoints (format in checkpoint.h).
-#define _POSIX_C_SOURCE 200809L  // fsync, sigaction, mkdir
+#define _POSIX_C_SOURCE 200809L  // opendir, readdir: POSIX, not C11
 #include "src/checkpoint.h"
 
 #include <dirent.h>
@@ -9,26 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "src/config.h"
 #include "src/safetensors.h"
-
-static int make_dir(const char *dir, Error *err) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s", dir);
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-      return error_set(err, "cannot create directory '%s': %s", path, strerror(errno));
-    *p = '/';
-  }
-  if (mkdir(path, 0755) != 0 && errno != EEXIST)
-    return error_set(err, "cannot create directory '%s': %s\nHINT: check run_dir", path,
-                     strerror(errno));
-  return 0;
-}
 
 // suffix: "" for a checkpoint, ".tmp" for the temp file a save writes first.
 static bool parse_checkpoint_name(const char *name, const char *suffix, int64_t *step) {
@@ -134,7 +117,7 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
   char path[1024], value[64];
   snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", dir, (long long)state->step);
   if (check_finite_state(m, exp_avg, exp_avg_sq, path, err) != 0) return -1;
-  if (make_dir(dir, err) != 0) return -1;
+  if (make_directories(dir, "check run_dir", err) != 0) return -1;
 
   SafeTensorWriter w;
   safetensors_writer_init(&w);

@@ -57,18 +57,15 @@ typedef struct {
 typedef struct {
   const char *name;  // canonical: "key" at top level, "section.key" in a section
   KeyType type;
-  const char *def;        // default, written as in an INI file
-  const char *doc;        // one line for the key reference
-  size_t offset;          // where the value lives in Config
-  size_t offset2;         // pairs: the second field; lists: the int holding the length, or NO_FIELD
-  int capacity;           // strings: bytes including the NUL; lists: elements
-  Range range;            // numbers: the accepted range (of each element of a pair or list)
-  bool broadcast;         // lists: a single value fills every element (per-channel values)
-  const char *choices;    // enums: the accepted values, '|'-separated
-  const char *later;      // enums: values refused because they are not implemented yet
-                          // ('|'-separated; "*" = every value not in choices)
-  const char *later_why;  // enums: what to tell the user about a `later` value
-  bool shape;             // decides the model's shapes (compared by config_same_model)
+  const char *def;      // default, written as in an INI file
+  const char *doc;      // one line for the key reference
+  size_t offset;        // where the value lives in Config
+  size_t offset2;       // pairs: the second field; lists: the int holding the length, or NO_FIELD
+  int capacity;         // strings: bytes including the NUL; lists: elements
+  Range range;          // numbers: the accepted range (of each element of a pair or list)
+  bool broadcast;       // lists: a single value fills every element (per-channel values)
+  const char *choices;  // enums: the accepted values, '|'-separated
+  bool shape;           // decides the model's shapes (compared by config_same_model)
 } ConfigKey;
 
 #define SCALAR(f) .offset = offsetof(Config, f), .offset2 = NO_FIELD
@@ -565,11 +562,7 @@ static int key_parse(const ConfigKey *k, const char *text, Config *cfg, char *no
       return 0;
     }
     case KEY_ENUM:
-      if (!word_in(k->choices, text)) {
-        if (k->later && (strcmp(k->later, "*") == 0 || word_in(k->later, text)))
-          snprintf(note, NOTE_MAX, "%s", k->later_why);
-        return -1;
-      }
+      if (!word_in(k->choices, text)) return -1;
       memset(dst, 0, (size_t)k->capacity);
       memcpy(dst, text, strlen(text));
       return 0;

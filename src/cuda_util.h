@@ -1,20 +1,15 @@
 // cuda_util.h: what the CUDA side shares: checked CUDA runtime calls (cuBLAS has its own check
-// in kernels/cuda/gemm.cu, its one user), launch-error checks, and
-// the C linkage of kernels declared in the C headers of kernels/.
+// in kernels/cuda/gemm.cu, its one user) and launch-error checks.
 //
 // A CUDA failure inside the trainer is not a user error to recover from (a bad launch, an
 // out-of-memory on a planned allocation, a lost device): the checks print the call, file and
-// line and abort. Fallible user-facing steps (is there a GPU?) use cuda_device_available().
+// line and abort. Fallible user-facing steps (is there a usable GPU?) go through src/backend.h
+// (backend_cuda_usable, backend_cuda_device_usable), which return false instead;
+// cuda_device_available below is the tests' check before they skip.
 #pragma once
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#ifdef __cplusplus
-#define SWIN_EXTERN_C extern "C"
-#else
-#define SWIN_EXTERN_C
-#endif
 
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -1,21 +1,15 @@
-// onnx.c: the ONNX container (OnnxModel), its protobuf encoder and decoder, and the Swin graph.
+// onnx.c: the ONNX container (OnnxModel) with its builders and lookups, and its protobuf
+// encoder (onnx_model_save, written atomically) and decoder (onnx_model_load). The Swin graph
+// that fills a container is built in src/onnx_swin.c.
 //
 // Field numbers are those of onnx/onnx.proto (proto2): repeated scalars are written unpacked,
 // as Python's protobuf writes them; the reader accepts packed and unpacked.
-#define _XOPEN_SOURCE 700  // fsync, fileno: POSIX, not C11
 #include "src/onnx.h"
 
 #include <errno.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#include "kernels/window.h"
-#include "src/config.h"
-#include "src/safetensors.h"
 
 // ---------------------------------------------------------------------------------------------
 // The container
@@ -59,8 +53,8 @@ OnnxNode *onnx_add_node(OnnxModel *om, const char *op_type, const char *name) {
   return n;
 }
 
-// The builders below are called by code in this file with fixed small counts; running past a
-// limit is a programming error, reported loudly rather than truncated silently.
+// The builders below are called with fixed small counts (by src/onnx_swin.c and the tests);
+// running past a limit is a programming error, reported loudly rather than truncated silently.
 static void check_limit(int count, int limit, const char *what, const char *node) {
   if (count >= limit) {
     fprintf(stderr, "onnx: node '%s' has more than %d %s (onnx.h limit)\n", node, limit, what);
@@ -358,44 +352,25 @@ uint64_t onnx_model_size(const OnnxModel *om) {
   return count.bytes;
 }
 
+// Streams the encoding into f (write_file_atomic's writer): -1 with errno if a write failed.
+static int write_model(FILE *f, const void *om) {
+  PbOut o = {.f = f};
+  encode_model(&o, om);
+  if (!o.failed) return 0;
+  errno = o.errno_at_fail;
+  return -1;
+}
+
 int onnx_model_save(const OnnxModel *om, const char *path, Error *err) {
   // Protobuf parsers refuse messages of 2 GiB or more (ONNX moves such weights to external
   // files, which this writer does not do).
   uint64_t size = onnx_model_size(om);
   if (size >= ((uint64_t)1 << 31))
     return error_set(err,
-                     "cannot write '%s': the model is %.2f GiB, over protobuf's 2 GiB limit for "
+                     "cannot save '%s': the model is %.2f GiB, over protobuf's 2 GiB limit for "
                      "one ONNX file\nHINT: export with dtype=f16 (half the bytes)",
                      path, (double)size / (1 << 30));
-  size_t n = strlen(path);
-  char *tmp = malloc_check(n + 5);
-  snprintf(tmp, n + 5, "%s.tmp", path);
-  int rc = 0;
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    int e = errno;
-    rc = error_set(err, "cannot write '%s': cannot create '%s': %s\nHINT: %s", path, tmp,
-                   strerror(e),
-                   e == ENOENT ? "the directory does not exist; create it first"
-                               : "write to a directory you can write to");
-    free(tmp);
-    return rc;
-  }
-  PbOut o = {.f = f};
-  encode_model(&o, om);
-  if (!o.failed && fflush(f) != 0) o.failed = 1, o.errno_at_fail = errno;
-  if (!o.failed && fsync(fileno(f)) != 0) o.failed = 1, o.errno_at_fail = errno;
-  if (fclose(f) != 0 && !o.failed) o.failed = 1, o.errno_at_fail = errno;
-  if (!o.failed && rename(tmp, path) != 0) o.failed = 1, o.errno_at_fail = errno;
-  if (o.failed) {
-    remove(tmp);
-    rc = error_set(err, "cannot write '%s': %s%s", path, strerror(o.errno_at_fail),
-                   o.errno_at_fail == ENOSPC ? "\nHINT: the disk is full; free space or write "
-                                               "elsewhere"
-                                             : "");
-  }
-  free(tmp);
-  return rc;
+  return write_file_atomic(path, write_model, om, err);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -133,8 +133,8 @@ const char *onnx_metadata_get(const OnnxModel *om, const char *key);  // NULL if
 
 // Serialized size in bytes (what onnx_model_save writes).
 uint64_t onnx_model_size(const OnnxModel *om);
-// Writes the model to path (PATH.tmp, then renamed over PATH). Refuses a model over protobuf's
-// 2 GiB message limit.
+// Writes the model to path atomically (write_file_atomic in src/util.h: PATH.tmp, fsync,
+// rename over PATH). Refuses a model over protobuf's 2 GiB message limit.
 int onnx_model_save(const OnnxModel *om, const char *path, Error *err);
 // Reads a model written by any ONNX writer, keeping the fields OnnxModel has. Refuses a file
 // that is not a well-formed protobuf of these messages (truncated, lengths past the end, wrong

@@ -4,19 +4,17 @@
 // The header parser is not a general JSON parser: it accepts exactly what the format's header
 // holds (objects, strings, non-negative integers, arrays of them) and refuses everything else
 // with the byte offset, so a hostile file cannot reach code that was never meant for it.
-#define _XOPEN_SOURCE 700     // fsync, fstat, fileno, open: POSIX, not C11
+#define _XOPEN_SOURCE 700     // fstat, fileno: POSIX, not C11
 #define _FILE_OFFSET_BITS 64  // st_size of files over 2 GiB on 32-bit systems too
 
 #include "src/safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 // A header larger than this is refused before any allocation: real headers are kilobytes, and
 // the limit keeps a corrupted length from asking for gigabytes.
@@ -955,27 +953,7 @@ static int check_writer(const SafeTensorWriter *w, const char *path, uint64_t *n
   return 0;
 }
 
-// What to do about a failed create or write, by its errno.
-static const char *write_error_hint(int e) {
-  switch (e) {
-    case ENOENT:
-      return "\nHINT: the directory does not exist; create it first";
-    case EISDIR:
-      return "\nHINT: remove the directory that has the temp file's name";
-    case ENOSPC:
-    case EDQUOT:
-      return "\nHINT: the disk is full (or over quota); free space or save elsewhere";
-    case EFBIG:
-      return "\nHINT: the file is over the size limit (ulimit -f); raise it or save elsewhere";
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return "\nHINT: the directory is not writable; fix its permissions or save elsewhere";
-    default:
-      return "";
-  }
-}
-
+// Writes n bytes from src; -1 with errno on a short write.
 static int write_fully(FILE *f, const unsigned char *src, uint64_t n) {
   while (n > 0) {
     size_t piece = n < IO_CHUNK ? (size_t)n : IO_CHUNK;
@@ -986,36 +964,31 @@ static int write_fully(FILE *f, const unsigned char *src, uint64_t n) {
   return 0;
 }
 
-// Makes the rename durable: the directory entry lives in the directory, not in the file.
-static int sync_directory_of(const char *path, Error *err) {
-  size_t len = strlen(path);
-  char *dir = malloc_check(len + 2);
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    strcpy(dir, ".");
-  else if (slash == path)
-    strcpy(dir, "/");
-  else {
-    memcpy(dir, path, (size_t)(slash - path));
-    dir[slash - path] = 0;
+// What write_file_atomic writes: the length, the header, then the data in data_order.
+typedef struct {
+  const SafeTensorWriter *w;
+  const unsigned char *length;  // 8 bytes
+  const TextBuffer *header;
+  const int *data_order;
+  const uint64_t *nbytes;
+} WriterContents;
+
+static int write_contents(FILE *f, const void *ctx) {
+  const WriterContents *c = ctx;
+  if (write_fully(f, c->length, 8) != 0 ||
+      write_fully(f, (const unsigned char *)c->header->s, c->header->len) != 0)
+    return -1;
+  for (int k = 0; k < c->w->count; k++) {
+    int i = c->data_order[k];
+    if (write_fully(f, c->w->datas[i], c->nbytes[i]) != 0) return -1;
   }
-  int rc = 0;
-  int fd = open(dir, O_RDONLY);
-  // Some file systems cannot sync a directory (EINVAL); the rename is then as durable as they
-  // make it.
-  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
-    rc = error_set(err, "saved '%s' but could not sync its directory '%s': %s", path, dir,
-                   strerror(errno));
-  if (fd >= 0) close(fd);
-  free(dir);
-  return rc;
+  return 0;
 }
 
 int safetensors_writer_save(SafeTensorWriter *w, const char *path, Error *err) {
   uint64_t *nbytes = malloc_check((size_t)(w->count + 1) * sizeof *nbytes);
   int *data_order = malloc_check((size_t)(w->count + 1) * sizeof *data_order);
   TextBuffer header = {0};
-  char *tmp_path = NULL;
   int rc = check_writer(w, path, nbytes, err);
   if (rc != 0) goto done;
 
@@ -1064,42 +1037,12 @@ int safetensors_writer_save(SafeTensorWriter *w, const char *path, Error *err) {
   unsigned char length[8];
   write_le64(length, header.len);
 
-  tmp_path = malloc_check(strlen(path) + 5);
-  sprintf(tmp_path, "%s.tmp", path);
-  FILE *f = fopen(tmp_path, "wb");
-  if (!f) {
-    // Nothing was created (an existing PATH.tmp that is not a file stays as it was).
-    int e = errno;
-    rc = error_set(err, "cannot save '%s': cannot create the temp file '%s': %s%s", path, tmp_path,
-                   strerror(e), write_error_hint(e));
-    goto done;
-  }
-  const char *failed = NULL;  // the step that failed, with its errno in failed_errno
-  int failed_errno = 0;
-  if (write_fully(f, length, 8) != 0 ||
-      write_fully(f, (const unsigned char *)header.s, header.len) != 0)
-    failed = "write", failed_errno = errno;
-  for (int k = 0; k < w->count && !failed; k++)
-    if (write_fully(f, w->datas[data_order[k]], nbytes[data_order[k]]) != 0)
-      failed = "write", failed_errno = errno;
-  if (!failed && fflush(f) != 0) failed = "write", failed_errno = errno;
-  if (!failed && fsync(fileno(f)) != 0) failed = "fsync", failed_errno = errno;
-  if (fclose(f) != 0 && !failed) failed = "close", failed_errno = errno;
-  if (!failed && rename(tmp_path, path) != 0)
-    failed = "rename to the final name", failed_errno = errno;
-  if (failed) {
-    int e = failed_errno;
-    remove(tmp_path);
-    rc = error_set(err, "cannot save '%s': %s of '%s' failed: %s%s", path, failed, tmp_path,
-                   strerror(e), write_error_hint(e));
-    goto done;
-  }
-  rc = sync_directory_of(path, err);
+  WriterContents contents = {w, length, &header, data_order, nbytes};
+  rc = write_file_atomic(path, write_contents, &contents, err);
 done:
   free(nbytes);
   free(data_order);
   free(header.s);
-  free(tmp_path);
   return rc;
 }
 

@@ -55,8 +55,9 @@ const void *safetensors_entry_data(const SafeTensors *st, const SafeTensorEntry 
 const char *safetensors_meta_get(const SafeTensors *st, const char *key);  // NULL if absent
 
 // Writer: collect tensors (pointers, not copies: they must stay valid until save) and metadata,
-// then save atomically: write PATH.tmp, fsync it, rename over PATH, fsync the directory. A
-// failure leaves any existing PATH untouched and removes the temp file.
+// then save atomically (write_file_atomic, src/util.h): write PATH.tmp, fsync it, rename over
+// PATH, fsync the directory. A failure leaves any existing PATH untouched and removes the temp
+// file.
 typedef struct {
   SafeTensorEntry *entries;
   const void **datas;

@@ -3,17 +3,15 @@
 // uint8 from the loader's page-locked ring to the device on a copy queue while the previous step
 // computes, and the host reads the loss, gradient norm and loss scale back only at logging steps,
 // evaluations and checkpoints.
-#define _POSIX_C_SOURCE 200809L  // fsync, sigaction, mkdir
+#define _POSIX_C_SOURCE 200809L  // sigaction: POSIX, not C11
 #include "src/train.h"
 
-#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "data/batch_augment.h"
 #include "data/jpeg_gpu.h"
@@ -305,23 +303,6 @@ static int open_metrics(Trainer *t, Error *err) {
   return metrics_open(&t->metrics, t->cfg->run_dir, stdout, err);
 }
 
-static int make_run_dir(const char *dir, Error *err) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s", dir);
-  for (char *p = path + 1;; p++) {
-    if (*p == '/' || *p == 0) {
-      char c = *p;
-      *p = 0;
-      if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return error_set(err, "cannot create run_dir '%s': %s\nHINT: check the run_dir key", path,
-                         strerror(errno));
-      *p = c;
-      if (c == 0) break;
-    }
-  }
-  return 0;
-}
-
 static int load_checkpoint(Trainer *t, const char *path, Error *err) {
   return checkpoint_load(path, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq, &t->state,
                          err);
@@ -468,7 +449,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   // and files an interrupted save left behind are only removed under the lock (rank 0's).
   // bench=e2e writes nothing and resumes nothing.
   if (is_lead(t) && !t->e2e) {
-    if (make_run_dir(cfg->run_dir, err) != 0) return -1;
+    if (make_directories(cfg->run_dir, "check the run_dir key", err) != 0) return -1;
     if (runlock_acquire(&t->lock, cfg->run_dir, err) != 0) return -1;
     int stale = checkpoint_remove_stale_temps(cfg->run_dir, err);
     if (stale < 0) return -1;

@@ -1,11 +1,15 @@
-#define _POSIX_C_SOURCE 200809L  // posix_memalign, clock_gettime
+#define _POSIX_C_SOURCE 200809L  // posix_memalign, clock_gettime, fsync, fileno, open, mkdir
 #include "src/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int error_set(Error *err, const char *fmt, ...) {
   if (err) {
@@ -82,6 +86,113 @@ fail:
   error_set(err, "cannot read '%s': %s", path, strerror(errno ? errno : EIO));
   fclose(f);
   return NULL;
+}
+
+// What to do about a failed create or write, by its errno.
+static const char *write_error_hint(int e) {
+  switch (e) {
+    case ENOENT:
+      return "\nHINT: the directory does not exist; create it first";
+    case EISDIR:
+      return "\nHINT: remove the directory that has the temp file's name";
+    case ENOSPC:
+    case EDQUOT:
+      return "\nHINT: the disk is full (or over quota); free space or save elsewhere";
+    case EFBIG:
+      return "\nHINT: the file is over the size limit (ulimit -f); raise it or save elsewhere";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "\nHINT: the directory is not writable; fix its permissions or save elsewhere";
+    default:
+      return "";
+  }
+}
+
+// Makes the rename durable: the directory entry lives in the directory, not in the file.
+static int sync_directory_of(const char *path, Error *err) {
+  size_t len = strlen(path);
+  char *dir = malloc_check(len + 2);
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    strcpy(dir, ".");
+  else if (slash == path)
+    strcpy(dir, "/");
+  else {
+    memcpy(dir, path, (size_t)(slash - path));
+    dir[slash - path] = 0;
+  }
+  int rc = 0;
+  int fd = open(dir, O_RDONLY);
+  // Some file systems cannot sync a directory (EINVAL); the rename is then as durable as they
+  // make it.
+  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
+    rc = error_set(err, "saved '%s' but could not sync its directory '%s': %s", path, dir,
+                   strerror(errno));
+  if (fd >= 0) close(fd);
+  free(dir);
+  return rc;
+}
+
+int write_file_atomic(const char *path, FileWriteFn write_contents, const void *ctx, Error *err) {
+  // The rename would replace whatever PATH names: as root, a device such as /dev/null.
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return error_set(err,
+                     "cannot save '%s': it exists and is not a regular file (%s)\n"
+                     "HINT: name a new file, or an existing file to replace",
+                     path, S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
+  size_t size = strlen(path) + sizeof ".tmp";
+  char *tmp = malloc_check(size);
+  snprintf(tmp, size, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    // Nothing was created (an existing PATH.tmp that is not a file stays as it was).
+    int e = errno;
+    error_set(err, "cannot save '%s': cannot create the temp file '%s': %s%s", path, tmp,
+              strerror(e), write_error_hint(e));
+    free(tmp);
+    return -1;
+  }
+  const char *failed = NULL;  // the step that failed, with its errno in failed_errno
+  int failed_errno = 0;
+  if (write_contents(f, ctx) != 0 || fflush(f) != 0) failed = "write", failed_errno = errno;
+  if (!failed && fsync(fileno(f)) != 0) failed = "fsync", failed_errno = errno;
+  if (fclose(f) != 0 && !failed) failed = "close", failed_errno = errno;
+  bool renaming = !failed;
+  if (renaming && rename(tmp, path) != 0) failed = "rename to the final name", failed_errno = errno;
+  int rc = 0;
+  if (failed) {
+    remove(tmp);
+    // A rename fails with EISDIR when PATH itself is the directory.
+    const char *hint = renaming && failed_errno == EISDIR
+                           ? "\nHINT: the file's name is taken by a directory; remove it or save "
+                             "elsewhere"
+                           : write_error_hint(failed_errno);
+    rc = error_set(err, "cannot save '%s': %s of '%s' failed: %s%s", path, failed, tmp,
+                   strerror(failed_errno), hint);
+  }
+  free(tmp);
+  return rc != 0 ? rc : sync_directory_of(path, err);
+}
+
+int make_directories(const char *dir, const char *hint, Error *err) {
+  size_t len = strlen(dir);
+  char *path = malloc_check(len + 1);
+  memcpy(path, dir, len + 1);
+  int rc = 0;
+  // Each prefix that ends before a '/' (parents first), then dir itself; "" fails in mkdir.
+  for (size_t i = len > 0 ? 1 : 0; i <= len && rc == 0; i++) {
+    if (path[i] != '/' && path[i] != 0) continue;
+    char c = path[i];
+    path[i] = 0;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      rc =
+          error_set(err, "cannot create directory '%s': %s\nHINT: %s", path, strerror(errno), hint);
+    path[i] = c;
+  }
+  free(path);
+  return rc;
 }
 
 // Blocks of floats are tested with integer bit masks and no early exit, so the compiler can

@@ -38,6 +38,24 @@ void *aligned_alloc_check_(size_t size, const char *file, int line);
 // Reads a whole file; returns NULL and fills err on failure. *size gets the byte count.
 unsigned char *read_file(const char *path, size_t *size, Error *err);
 
+// Writes a file atomically, so that a crash or a full disk leaves PATH either as it was or
+// complete: write_contents fills PATH.tmp (returning 0, or -1 with errno set by the write that
+// failed), which is flushed, fsynced and renamed over PATH, and then PATH's directory is fsynced
+// (the rename lives there). A PATH that exists and is not a regular file (a directory, a
+// device such as /dev/null, a FIFO) is refused first. On failure the temp file is removed (an existing PATH.tmp that could
+// not be opened, such as a directory, is left alone) and err reads "cannot save 'PATH': ..." with
+// the failed step, the temp file, the cause and, for the usual causes (missing directory, full
+// disk, size limit, permissions), a HINT; a failed directory sync, after the rename, reads
+// "saved 'PATH' but could not sync its directory ...". A process killed mid-write leaves
+// PATH.tmp behind (checkpoint_remove_stale_temps clears a run directory's).
+typedef int (*FileWriteFn)(FILE *f, const void *ctx);
+int write_file_atomic(const char *path, FileWriteFn write_contents, const void *ctx, Error *err);
+
+// mkdir -p: creates dir and whichever of its parents are missing (mode 0755); existing ones are
+// fine. A failure ("" included) names the directory that could not be made and the cause, then
+// "HINT: <hint>".
+int make_directories(const char *dir, const char *hint, Error *err);
+
 // Index of the first NaN or infinity in x (n), or -1 when every value is finite. Checkpoints and
 // imported weights are checked with it, so that a diverged run is never saved or loaded.
 int64_t first_nonfinite(const float *x, int64_t n);

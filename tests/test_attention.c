@@ -7,7 +7,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/window.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {

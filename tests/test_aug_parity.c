@@ -22,7 +22,7 @@
 #include "kernels/augment.h"
 #include "kernels/loss.h"
 #include "src/safetensors.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #ifndef SWIN_SOURCE_DIR
 #define SWIN_SOURCE_DIR "."

@@ -7,7 +7,7 @@
 #include "data/batch_augment.h"
 #include "kernels/augment.h"
 #include "src/rng.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // rng_normal_at recomputed with libm in double from the same Philox bits.
 static double normal_reference(const Rng *r, uint64_t i) {

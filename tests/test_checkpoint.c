@@ -16,7 +16,8 @@
 #include "src/metrics.h"
 #include "src/runlock.h"
 #include "src/safetensors.h"
-#include "tests/test_util.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_util.h"
 
 static char tmp_dir[64];
 
@@ -27,19 +28,14 @@ typedef struct {
 } Fixture;
 
 static Fixture fixture_make(TestRng *r) {
-  Config c;
-  config_defaults(&c);
-  c.img_h = c.img_w = 8;
-  c.in_chans = 1;
-  c.patch_size = 2;
-  c.embed_dim = 8;
-  memset(c.depths, 0, sizeof c.depths);
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 2;
-  c.depths[0] = c.depths[1] = 1;
-  c.num_heads[0] = 2, c.num_heads[1] = 4;
-  c.window_size = 2;
-  c.num_classes = 5;
+  Config c = test_model_config((TestModel){.img_h = 8,
+                                           .chans = 1,
+                                           .patch = 2,
+                                           .embed = 8,
+                                           .window = 2,
+                                           .classes = 5,
+                                           .depths = {1, 1},
+                                           .heads = {2, 4}});
   c.num_mean = 1;
   memset(c.mean, 0, sizeof c.mean);
   memset(c.std, 0, sizeof c.std);

@@ -11,7 +11,7 @@
 #include "data/jpeg_gpu.h"
 #include "src/config.h"
 #include "src/config_keys.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static char tmp_dir[256];
 static char written[64][512];  // the files write_config made, removed at the end

@@ -22,7 +22,7 @@
 #include "data/transform.h"
 #include "src/rng.h"
 #include "src/util.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include "stb_image_write.h"

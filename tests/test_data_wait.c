@@ -2,7 +2,7 @@
 // data wait's accounting (src/data_wait.h), on the CPU.
 #include "data/loader.h"
 #include "src/data_wait.h"
-#include "test_util.h"
+#include "tests/util/test_util.h"
 
 static void check_sizing(int workers_key, int prefetch_key, int cores, int online, int local,
                          int want_workers, int want_prefetch) {

@@ -22,8 +22,8 @@
 #include "dist/comm.h"
 #include "src/config.h"
 #include "src/model.h"
-#include "tests/test_dist_util.h"
-#include "tests/test_util.h"
+#include "tests/util/test_dist_util.h"
+#include "tests/util/test_util.h"
 
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};

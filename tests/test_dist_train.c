@@ -32,9 +32,10 @@
 #include "src/rng.h"
 #include "src/safetensors.h"
 #include "src/train.h"
-#include "tests/test_jobs.h"
-#include "tests/test_train_util.h"
-#include "tests/test_util.h"
+#include "tests/util/test_jobs.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_train_util.h"
+#include "tests/util/test_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include "stb_image_write.h"
@@ -64,22 +65,17 @@ static char tmp_root[256];
 // Runs and what they leave
 
 static Config small_config(const char *run_name) {
-  Config c;
-  config_defaults(&c);
+  Config c = test_model_config((TestModel){.img_h = 16,
+                                           .chans = 1,
+                                           .patch = 2,
+                                           .embed = 16,
+                                           .window = 4,
+                                           .classes = 10,
+                                           .depths = {2, 2},
+                                           .heads = {2, 4}});
   snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp_root, run_name);
-  c.img_h = c.img_w = 16;
-  c.in_chans = 1;
-  c.patch_size = 2;
-  c.embed_dim = 16;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 2;
-  c.depths[0] = 2, c.depths[1] = 2;
-  c.num_heads[0] = 2, c.num_heads[1] = 4;
-  c.window_size = 4;
   c.drop_path_rate = 0.1f;  // drawn by global sample index: the same on 1 and 2 ranks
-  c.num_classes = 10;
-  c.batch_size = 32;  // the global batch: 16 per rank on 2 ranks
+  c.batch_size = 32;        // the global batch: 16 per rank on 2 ranks
   c.epochs = 1;
   c.max_steps = 6;
   c.lr = 1e-3f;

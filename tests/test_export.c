@@ -8,25 +8,20 @@
 #include "src/import.h"
 #include "src/model.h"
 #include "src/safetensors.h"
-#include "tests/test_util.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_util.h"
 
 static char dir[] = "/tmp/swin_test_export_XXXXXX";
 
 static Config small(int classes) {
-  Config c;
-  config_defaults(&c);
-  c.img_h = c.img_w = 16;
-  c.in_chans = 3;
-  c.patch_size = 2;
-  c.embed_dim = 8;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 2;
-  c.depths[0] = c.depths[1] = 2;
-  c.num_heads[0] = 2, c.num_heads[1] = 4;
-  c.window_size = 4;
-  c.num_classes = classes;
-  return c;
+  return test_model_config((TestModel){.img_h = 16,
+                                       .chans = 3,
+                                       .patch = 2,
+                                       .embed = 8,
+                                       .window = 4,
+                                       .classes = classes,
+                                       .depths = {2, 2},
+                                       .heads = {2, 4}});
 }
 
 static void make(Model *m, int classes, uint64_t seed) {

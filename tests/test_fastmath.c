@@ -6,7 +6,7 @@
 #include <float.h>
 
 #include "kernels/cpu/fastmath.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static const double SQRT_2PI = 2.5066282746310002;
 

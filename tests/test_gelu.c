@@ -3,7 +3,7 @@
 // next to the root of GELU', at known values that the tanh approximation misses, at edge and
 // non-finite inputs, as norms, in place, and against finite differences of its own forward.
 #include "kernels/gelu.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {

@@ -20,7 +20,7 @@
 #endif
 
 #include "kernels/gemm.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #define GEMM_TOL 1e-5
 // Written into the columns of C past N (ldc > N): the kernel must leave them alone.

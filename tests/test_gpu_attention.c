@@ -7,7 +7,7 @@
 // is put back before each run), dtable and dqkv_bias (dqkv's column sums: the qkv layer's bias
 // gradient) accumulate onto random values, and the CUDA backward runs twice and must give the
 // same bits.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "kernels/gemm.h"

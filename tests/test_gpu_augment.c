@@ -5,7 +5,7 @@
 // mixup only, boxes drawn by batch_augment_draw at ImageNet size; each run twice (determinism).
 #include "data/batch_augment.h"
 #include "kernels/augment.h"
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 static void check_case(TestRng *rng, cudaStream_t stream, const char *what, int B, int H, int W,

@@ -8,10 +8,10 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
-#include "tests/test_train_util.h"
+#include "tests/util/test_train_util.h"
 
 #define CURVE_STEPS 200
 #define CURVE_WINDOW 10

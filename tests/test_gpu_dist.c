@@ -19,34 +19,31 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
+#include "tests/util/test_model_config.h"
 
 #if defined(SWIN_HAVE_CUDA) && defined(SWIN_HAVE_NCCL)
-#include "tests/test_jobs.h"
-#include "tests/test_train_util.h"
+#include "tests/util/test_jobs.h"
+#include "tests/util/test_train_util.h"
 
 static char tmp_root[256];
 
 static Config gpu_config(const char *run_name, const char *reduce_dtype) {
-  Config c;
-  config_defaults(&c);
+  // 8x8 tokens: 4x4 windows shifted 2,2, then one 4x4 window.
+  Config c = test_model_config((TestModel){.img_h = 32,
+                                           .chans = 3,
+                                           .patch = 4,
+                                           .embed = 32,
+                                           .window = 4,
+                                           .classes = 10,
+                                           .depths = {2, 2},
+                                           .heads = {1, 2}});
   snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp_root, run_name);
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "bf16");
   snprintf(c.reduce_dtype, sizeof c.reduce_dtype, "%s", reduce_dtype);
-  c.img_h = c.img_w = 32;
-  c.in_chans = 3;
-  c.patch_size = 4;  // 8x8 tokens: 4x4 windows shifted 2,2, then one 4x4 window
-  c.embed_dim = 32;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 2;
-  c.depths[0] = 2, c.depths[1] = 2;
-  c.num_heads[0] = 1, c.num_heads[1] = 2;
-  c.window_size = 4;
   c.drop_path_rate = 0.1f;  // keyed by the global sample index on every rank
-  c.num_classes = 10;
-  c.batch_size = 32;  // global
+  c.batch_size = 32;        // global
   c.max_steps = 6;
   c.lr = 2e-3f;
   c.lr_scale_batch = 0;

@@ -8,7 +8,7 @@
 // Shapes as in Swin-T's first stage (qkv 96 -> 288, fc2 384 -> 96 over 1568 tokens), a small one,
 // and in fp32 an odd one (37 x 17 -> 10: no dimension a multiple of 4). Parameter gradients
 // accumulate onto random values; every backward runs twice on the GPU and must give the same bits.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "kernels/gemm.h"

@@ -7,7 +7,7 @@
 // Shapes: Swin-T's (IC, OC) of stages 0 and 1 with N = 1, 77, 4099 (one and two partial row
 // tiles) and 50,000 (many tiles per CTA); widths that are not multiples of 96 (the 64- and
 // 32-column slices) once each. Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "kernels/gelu.h"

@@ -24,8 +24,8 @@
 #include "kernels/resize.h"
 #include "src/config.h"
 #include "src/util.h"
-#include "tests/test_plans.h"
-#include "tests/test_util.h"
+#include "tests/util/test_plans.h"
+#include "tests/util/test_util.h"
 
 #ifdef SWIN_HAVE_NVJPEG
 #include "src/cuda_util.h"
@@ -461,9 +461,10 @@ static int run_epoch_ring(const Dataset *ds, int workers, int prefetch, bool dev
     if (rc != 0) break;
     uint8_t *dst = e->pixels + (size_t)k * batch * bytes;
     if (device_batch) {
-      cudaError_t ce = b->device_pixels ? cudaMemcpy(dst, b->device_pixels,
-                                                     (size_t)b->count * bytes, cudaMemcpyDeviceToHost)
-                                        : cudaErrorInvalidValue;
+      cudaError_t ce =
+          b->device_pixels
+              ? cudaMemcpy(dst, b->device_pixels, (size_t)b->count * bytes, cudaMemcpyDeviceToHost)
+              : cudaErrorInvalidValue;
       if (ce != cudaSuccess) {
         rc = error_set(err, "device batch %lld: %s", (long long)k,
                        b->device_pixels ? cudaGetErrorString(ce) : "no device_pixels");
@@ -473,7 +474,8 @@ static int run_epoch_ring(const Dataset *ds, int workers, int prefetch, bool dev
       // Poisoned before the slot goes back: a byte the next fill of it misses shows.
       if (ce == cudaSuccess) ce = cudaMemset(b->device_pixels, 0xA5, (size_t)b->count * bytes);
       if (ce != cudaSuccess) {
-        rc = error_set(err, "device batch %lld: poisoning: %s", (long long)k, cudaGetErrorString(ce));
+        rc = error_set(err, "device batch %lld: poisoning: %s", (long long)k,
+                       cudaGetErrorString(ce));
         loader_release_batch(L, b);
         break;
       }
@@ -734,11 +736,12 @@ static void test_loader_exact(TestRng *r) {
         size_t bytes = (size_t)dataset_sample_bytes(ds);
         int64_t dev_differ =
             test_bytes_differ(one.pixels, dev.pixels, (int64_t)count * (int64_t)bytes);
-        test_check(dev_differ == 0 && memcmp(one.labels, dev.labels, sizeof(int) * (size_t)count) == 0,
-                   "%s %s epoch, %dx%dx%d: device batches (2 workers, a ring of 1) against host "
-                   "batches (1 worker, a ring of 2): %lld of %lld bytes differ (tol 0)",
-                   kind == 0 ? "imagefolder" : "shards", train ? "train" : "eval", cfg.img_h,
-                   cfg.img_w, chans, (long long)dev_differ, (long long)count * (long long)bytes);
+        test_check(
+            dev_differ == 0 && memcmp(one.labels, dev.labels, sizeof(int) * (size_t)count) == 0,
+            "%s %s epoch, %dx%dx%d: device batches (2 workers, a ring of 1) against host "
+            "batches (1 worker, a ring of 2): %lld of %lld bytes differ (tol 0)",
+            kind == 0 ? "imagefolder" : "shards", train ? "train" : "eval", cfg.img_h, cfg.img_w,
+            chans, (long long)dev_differ, (long long)count * (long long)bytes);
         free_epoch(&dev);
         bool workers_same =
             memcmp(one.pixels, three.pixels, (size_t)count * bytes) == 0 &&

@@ -12,7 +12,7 @@
 // must give the same bits. The backward's dbranch_bias (the column sums of dbranch, the bias
 // gradient of the layer that produced the branch) is asked for wherever the model asks for it,
 // the pure residual without LayerNorm term included.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "kernels/gemm.h"

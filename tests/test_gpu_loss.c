@@ -7,7 +7,7 @@
 //   does not own stay as they were.
 //   eval_metrics: EvalSums in backend memory accumulate over two batches; logits quantized to a
 //   few levels, so ties are everywhere (they go to the lower class index on both backends).
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 

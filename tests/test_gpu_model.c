@@ -6,7 +6,7 @@
 // one with rectangular maps (H != W) and a last stage shifted along one side only. fp16 runs with a
 // loss scale of 1024 (dlogits scaled, gradients compared after unscaling), as the trainer does. The
 // GPU run is repeated to check it is bitwise deterministic.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include <math.h>

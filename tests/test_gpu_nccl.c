@@ -13,8 +13,8 @@
 //   --skip-rank R   (mpirun, >= 2 GPUs) rank R never joins an all-reduce: the others must end
 //                   the job within the timeout (5 s) with a message naming their rank
 #define _POSIX_C_SOURCE 200809L
-#include "tests/test_dist_util.h"
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_dist_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #if defined(SWIN_HAVE_CUDA) && defined(SWIN_HAVE_NCCL)
 #include <time.h>

@@ -12,7 +12,7 @@
 // the compute copy is NULL; in bf16 and fp16 it must equal the rounding of the updated parameters
 // bit for bit. The OptimState fields are compared after every step, and every GPU step runs
 // twice from the same state and must give the same bits.
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "src/model.h"

@@ -13,7 +13,7 @@
 //   step_params_set, which gives drop path its step index in device memory: many writes queued
 //   while the GPU is held up, each read by its own draw, every draw that of its own step.
 #define _POSIX_C_SOURCE 200809L  // nanosleep
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include <stdint.h>

@@ -12,33 +12,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tests/test_gpu_util.h"
+#include "tests/util/test_gpu_util.h"
+#include "tests/util/test_model_config.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "src/checkpoint.h"
 #include "src/model.h"
-#include "tests/test_train_util.h"
+#include "tests/util/test_train_util.h"
 
 static char tmp_root[256];
 
 static Config gpu_config(const char *run_name, const char *precision) {
-  Config c;
-  config_defaults(&c);
+  // 8x8 tokens: 4x4 windows shifted 2,2, then one 4x4 window.
+  Config c = test_model_config((TestModel){.img_h = 32,
+                                           .chans = 3,
+                                           .patch = 4,
+                                           .embed = 32,
+                                           .window = 4,
+                                           .classes = 10,
+                                           .depths = {2, 2},
+                                           .heads = {1, 2}});
   snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp_root, run_name);
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", precision);
-  c.img_h = c.img_w = 32;
-  c.in_chans = 3;
-  c.patch_size = 4;  // 8x8 tokens: 4x4 windows shifted 2,2, then one 4x4 window
-  c.embed_dim = 32;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 2;
-  c.depths[0] = 2, c.depths[1] = 2;
-  c.num_heads[0] = 1, c.num_heads[1] = 2;
-  c.window_size = 4;
   c.drop_path_rate = 0.1f;  // exercises the drop-path stream across resume
-  c.num_classes = 10;
   c.batch_size = 32;
   c.max_steps = 6;
   c.lr = 2e-3f;

@@ -19,8 +19,8 @@
 #include "kernels/image_aug.h"
 #include "src/rng.h"
 #include "src/util.h"
-#include "tests/test_image_aug.h"
-#include "tests/test_util.h"
+#include "tests/util/test_image_aug.h"
+#include "tests/util/test_util.h"
 
 // The geometric ops' outside colour: a mean pixel, as the loader passes it.
 static const uint8_t fill_rgb[3] = {124, 116, 104}, fill_gray[1] = {117};
@@ -56,7 +56,7 @@ static int64_t run_batch(const uint8_t *images, const uint8_t *want, const Image
 
 // ---- fixed arguments ----
 
-// Every fixed-argument case (tests/test_image_aug.h) on a batch of `count` textured images of
+// Every fixed-argument case (tests/util/test_image_aug.h) on a batch of `count` textured images of
 // one size, the whole batch running that one step; then mixed batches, image i running three
 // cases in a row (each case in some image's list), with NONE padding some lists.
 static void test_fixed_size(TestRng *r, int h, int w, int chans, const double *mags, int nmags,

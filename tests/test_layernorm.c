@@ -3,7 +3,7 @@
 #include <omp.h>
 
 #include "kernels/layernorm.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {

@@ -2,7 +2,7 @@
 // without label smoothing, soft targets), its gradient against finite differences of the loss,
 // logits of magnitude 1000, and top-1 / top-5 counting on hand-built rows (ties included).
 #include "kernels/loss.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // ---- the case under test ------------------------------------------------------------------
 typedef struct {

@@ -8,22 +8,20 @@
 #include "kernels/loss.h"
 #include "src/config.h"
 #include "src/model.h"
-#include "tests/test_util.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_util.h"
 
 static Config tiny_config(void) {
-  Config c;
-  config_defaults(&c);
-  c.img_h = 16;  // patch 2 -> 8 x 16 tokens
-  c.img_w = 32;
-  c.in_chans = 3;
-  c.patch_size = 2;
-  c.embed_dim = 8;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 3;  // maps 8x16 (4x4 windows, shift 2,2), 4x8 (shift 0,2), 2x4 (one 2x4 window)
-  c.depths[0] = 2, c.depths[1] = 2, c.depths[2] = 2;
-  c.num_heads[0] = 2, c.num_heads[1] = 2, c.num_heads[2] = 4;
-  c.window_size = 4;
+  // Patch 2: maps 8x16 (4x4 windows, shift 2,2), 4x8 (shift 0,2), 2x4 (one 2x4 window).
+  Config c = test_model_config((TestModel){.img_h = 16,
+                                           .img_w = 32,
+                                           .chans = 3,
+                                           .patch = 2,
+                                           .embed = 8,
+                                           .window = 4,
+                                           .classes = 5,
+                                           .depths = {2, 2, 2},
+                                           .heads = {2, 2, 4}});
   c.mlp_ratio = 2.0f;
   c.qkv_bias = true;
   c.drop_path_rate = 0.3f;

@@ -23,8 +23,8 @@
 #include "src/model.h"
 #include "src/onnx.h"
 #include "src/safetensors.h"
-#include "tests/test_onnx_eval.h"
-#include "tests/test_util.h"
+#include "tests/util/test_onnx_eval.h"
+#include "tests/util/test_util.h"
 
 static char dir[] = "/tmp/swin_test_onnx_XXXXXX";
 

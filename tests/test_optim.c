@@ -6,7 +6,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 // One AdamW step in double, written from the formula in optim/adamw.h.
 static void adamw_reference(double *p, const float *grad, double *m, double *v, int64_t n,

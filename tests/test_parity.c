@@ -14,7 +14,7 @@
 #include "src/model.h"
 #include "src/safetensors.h"
 #include "src/train.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #ifndef SWIN_SOURCE_DIR
 #define SWIN_SOURCE_DIR "."

@@ -3,7 +3,7 @@
 // against timm's four strided slices and by the adjoint identity of its backward; the uint8
 // normalization against the same formula in double.
 #include "kernels/patch.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static double dot_d(const float *a, const float *b, int64_t n) {
   double s = 0.0;

@@ -2,7 +2,7 @@
 // in double (dropped samples pass x through untouched), its backward and the mean pool's
 // backward by the adjoint identity <f(x), y> = <x, f_backward(y)>, in place and with scale NULL.
 #include "kernels/residual.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static double dot_d(const float *a, const float *b, int64_t n) {
   double s = 0.0;

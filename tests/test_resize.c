@@ -13,8 +13,8 @@
 #include "kernels/resize.h"
 #include "src/rng.h"
 #include "src/util.h"
-#include "tests/test_plans.h"
-#include "tests/test_util.h"
+#include "tests/util/test_plans.h"
+#include "tests/util/test_util.h"
 
 // Batches of 1-6 random images (gray or RGB, up to 160 a side) side by side in one source
 // buffer with gaps between them, each with a random plan; packed, resized by resize_batch_cpu

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "src/safetensors.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static char tmp_dir[64];
 
@@ -559,7 +559,8 @@ static void test_atomic_save(TestRng *rng) {
   rmdir(tmp);
   free(before), free(after);
 
-  // A failure after the temp file was written (rename onto a directory) removes the temp file.
+  // A target that is not a regular file (a directory, a FIFO; as root a device such as
+  // /dev/null) is refused before anything is written: the rename would replace it.
   char dir_path[256];
   tmp_path(dir_path, sizeof dir_path, "is-a-dir.safetensors");
   mkdir(dir_path, 0755);
@@ -568,10 +569,21 @@ static void test_atomic_save(TestRng *rng) {
   test_write_file(inner, (const unsigned char *)"k", 1);
   rc = safetensors_writer_save(&w, dir_path, &err);
   snprintf(tmp, sizeof tmp, "%s.tmp", dir_path);
-  test_check(rc == -1 && strstr(err.msg, "rename") && !path_exists(tmp) && path_exists(inner),
-             "failed rename removes the temp file, target untouched: %.80s", err.msg);
+  test_check(rc == -1 && strstr(err.msg, "not a regular file (a directory)") &&
+                 strstr(err.msg, "HINT:") && !path_exists(tmp) && path_exists(inner),
+             "save onto a directory is refused, nothing written, target untouched: %.80s",
+             err.msg);
   unlink(inner);
   rmdir(dir_path);
+  char fifo[256];
+  tmp_path(fifo, sizeof fifo, "fifo.safetensors");
+  test_check(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+  rc = safetensors_writer_save(&w, fifo, &err);
+  snprintf(tmp, sizeof tmp, "%s.tmp", fifo);
+  test_check(rc == -1 && strstr(err.msg, "a device, pipe or socket") && !path_exists(tmp) &&
+                 stat(fifo, &info) == 0 && S_ISFIFO(info.st_mode),
+             "save onto a FIFO is refused and the FIFO stays: %.80s", err.msg);
+  unlink(fifo);
   unlink(path);
 
   // What the writer refuses before touching the disk.

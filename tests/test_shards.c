@@ -15,7 +15,7 @@
 #include "data/loader.h"
 #include "data/shards.h"
 #include "src/config.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include "stb_image_write.h"

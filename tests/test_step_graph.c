@@ -14,7 +14,8 @@
 #include "src/learner.h"
 #include "src/model.h"
 #include "src/step_graph.h"
-#include "tests/test_util.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_util.h"
 
 // What the stand-in graph ops saw.
 static struct {
@@ -65,20 +66,15 @@ static void counting_update(Backend *be, float *params, void *compute, const flo
 }
 
 static Config tiny_config(void) {
-  Config c;
-  config_defaults(&c);
-  c.img_h = c.img_w = 8;
-  c.in_chans = 3;
-  c.patch_size = 2;
-  c.embed_dim = 8;
-  memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
-  memset(c.num_heads, 0, sizeof c.num_heads);
-  c.num_stages = 1;
-  c.depths[0] = 2;
-  c.num_heads[0] = 2;
-  c.window_size = 2;
+  Config c = test_model_config((TestModel){.img_h = 8,
+                                           .chans = 3,
+                                           .patch = 2,
+                                           .embed = 8,
+                                           .window = 2,
+                                           .classes = 3,
+                                           .depths = {2},
+                                           .heads = {2}});
   c.drop_path_rate = 0.1f;
-  c.num_classes = 3;
   return c;
 }
 

@@ -14,8 +14,8 @@
 #include "src/config.h"
 #include "src/safetensors.h"
 #include "src/train.h"
-#include "tests/test_train_util.h"
-#include "tests/test_util.h"
+#include "tests/util/test_train_util.h"
+#include "tests/util/test_util.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 

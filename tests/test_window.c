@@ -3,7 +3,7 @@
 // coordinate grid, and the shift mask from a sliced region-label map; and the GPU kernels' row
 // addressing (FastDiv, window_rows_row in kernels/window.h) against `/` and window_row.
 #include "kernels/window.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 typedef struct {
   const char *what;

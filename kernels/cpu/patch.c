@@ -1,7 +1,9 @@
-// patch.c: CPU reference of the patch-embedding gather, patch merging (forward and backward)
-// and the uint8 -> normalized float conversion of input batches (kernels/patch.h).
+// patch.c: CPU reference of the patch-embedding gather, patch merging (forward and backward),
+// the uint8 -> normalized float conversion of input batches, and patch merging + LayerNorm
+// composed from the merge and kernels/cpu/layernorm.c (kernels/patch.h).
 //
-// All three are pure data movement (or a per-channel affine map), parallel over output rows.
+// The first three are pure data movement (or a per-channel affine map), parallel over output
+// rows.
 #include "kernels/patch.h"
 
 #include <stdbool.h>

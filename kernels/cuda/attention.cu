@@ -1,7 +1,8 @@
 // attention.cu: CUDA windowed multi-head self-attention with relative position bias and shift
-// mask, forward and backward (kernels/attention.h), for f32, bf16 and f16 q, k, v and outputs
-// (loaded into f32 shared memory; softmax and products in f32); kernels/cpu/attention.c is the
-// spec.
+// mask, forward and backward (kernels/attention.h), for f32, bf16 and f16 q, k, v and outputs;
+// kernels/cpu/attention.c is the spec. Two strategies: SIMT kernels that load the tiles into f32
+// shared memory (softmax and products in f32), and for bf16 and f16 tensor-core kernels that keep
+// the tiles in their element type (mma.sync products with f32 accumulation, softmax in f32).
 //
 // The SIMT kernels (f32, and what the tensor-core kernels below do not serve) run one thread
 // block per (window, head) pair p = b * heads + h on a 1-D grid (gridDim.y/z stop
@@ -349,17 +350,22 @@ constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 64;          // padded tokens of a window (query rows, key rows)
 constexpr int kTcLdP = kTcRows + 8;  // row length of the P and dS tiles (token, token)
 constexpr float kLog2e = 1.4426950408889634f;
-// Blocks per launch, one full wave on the H200 (132 SMs): the backward's 72 KB of shared memory
-// (HD 32) per 128-thread block leave 3 resident per SM, the forward's 44 KB 5; the register
-// bounds below keep registers from lowering that. Constants, so that the partition, and with it
-// dtable's summation order, depend on the shapes only.
+// Blocks per launch, one full wave of the device (396 and 660 on the H200's 132 SMs): the
+// backward's 72 KB of shared memory (HD 32) per 128-thread block leave 3 resident per SM, the
+// forward's 44 KB 5; the register bounds below keep registers from lowering that. Fixed per
+// device, so that the partition, and with it dtable's summation order, depend on the shapes and
+// the SM count only; the backward's at most WINDOW_ATTENTION_CUDA_MAX_BLOCKS (its scratch bound).
 constexpr int kTcBackwardBlocksPerSm = 3, kTcForwardBlocksPerSm = 5;
-constexpr int kTcBackwardBlocks = 132 * kTcBackwardBlocksPerSm;
-static_assert(kTcBackwardBlocks <= WINDOW_ATTENTION_CUDA_MAX_BLOCKS, "the scratch bound holds");
+int tc_backward_blocks() {
+  int blocks = device_sm_count() * kTcBackwardBlocksPerSm;
+  return blocks < WINDOW_ATTENTION_CUDA_MAX_BLOCKS ? blocks : WINDOW_ATTENTION_CUDA_MAX_BLOCKS;
+}
+int tc_forward_blocks() {
+  return device_sm_count() * kTcForwardBlocksPerSm;
+}
 static_assert(kTcWarps * 3 * WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM * sizeof(float) <=
                   kTcRows * kTcLdP * sizeof(uint16_t),
               "the backward's per-warp qkv bias sums fit in its P tile");
-constexpr int kTcForwardBlocks = 132 * kTcForwardBlocksPerSm;
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -948,7 +954,7 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   if (use_tensor_cores(dt, N, hd)) {
     check_tc_alignment("window_attention_forward_cuda", qkv, out);
     size_t smem = tc_forward_smem(hd, key_tiles(N));
-    int groups = tc_groups(kTcForwardBlocks, BW, heads, mask ? nW : 1);
+    int groups = tc_groups(tc_forward_blocks(), BW, heads, mask ? nW : 1);
     SWIN_DISPATCH(dt, T, {
       if constexpr (sizeof(T) == 2) {
         with_head_dim(hd, N, [&](auto HD, auto KT) {
@@ -979,7 +985,7 @@ int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, i
   int hd = heads > 0 ? C / heads : 0;
   if (use_tensor_cores(dt, N, hd)) {
     // nW = 1: the most groups any nW gives; the dS sums, then the qkv bias sums
-    int64_t groups = tc_groups(kTcBackwardBlocks, BW, heads, 1);
+    int64_t groups = tc_groups(tc_backward_blocks(), BW, heads, 1);
     return groups * heads * N * N + groups * 3 * C;
   }
   return column_sums_cuda_scratch((int64_t)BW * N, 3 * C);
@@ -1001,7 +1007,7 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
   if (tc) {
     check_tc_alignment("window_attention_backward_cuda", qkv, dout);
     check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
-    int groups = tc_groups(kTcBackwardBlocks, BW, heads, mask ? nW : 1);
+    int groups = tc_groups(tc_backward_blocks(), BW, heads, mask ? nW : 1);
     rows = groups;
     float *bias_partial = dqkv_bias ? ds + (int64_t)groups * heads * N * N : nullptr;
     size_t smem = tc_backward_smem(hd, key_tiles(N));

@@ -21,6 +21,20 @@ inline bool aligned16(const void *p) {
   return ((uintptr_t)p & 15u) == 0;
 }
 
+// The current device's SM count. Kernels whose partition (and so the order of their float sums)
+// is sized in waves take it from here: the same shapes give the same bits on one kind of GPU,
+// and a GPU with another SM count gets full waves rather than the H200's 132.
+inline int device_sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms < 1) {
+    fprintf(stderr, "swin.c: cannot read the CUDA device's SM count\nHINT: check nvidia-smi\n");
+    abort();
+  }
+  return sms;
+}
+
 // ---- element types ----------------------------------------------------------------------------
 // Activations and GEMM weights are stored as T (float, __nv_bfloat16 or __half); arithmetic is
 // in float. Conversions to the 16-bit types round to nearest even.

@@ -3,20 +3,25 @@
 // with f32 statistics. kernels/cpu/layernorm.c and kernels/cpu/patch.c compose the same ops from
 // their reference pieces and are the spec.
 //
-// One warp per row: the lanes stride over the row's C values (16 bytes at a time when the layout
-// allows), so every load is coalesced, and the row statistics are warp-shuffle sums, the same on
-// every lane. The row is re-read from L1/L2 for each pass instead of being kept in registers,
-// which keeps one kernel for every C. The window partition and reverse around the attention are
-// folded into the row addressing (window_row in kernels/window.h): the residual reads the
-// attention branch from its window row, and LN1 writes its output to the window row, so no
-// separate permutation pass exists.
+// Two strategies, each op in both. The register kernels ("register-resident rows" below), the
+// fast path for 16-byte-aligned rows that fit a lane's registers, give a row 4 to 32 lanes of a
+// warp, read it from global memory once into registers and write it once. The multi-pass kernels
+// serve every other row (C not a multiple of the 16-byte vector, misaligned bases, rows too wide):
+// one warp per row, re-read from L1/L2 for each pass. In both, the lanes of a row stride over its
+// C values, 16 bytes at a time where the layout allows, so every access is coalesced, and the
+// row statistics are shuffle sums, the same on every lane of the row. The window partition and
+// reverse around the attention are folded into the row addressing (window_rows_row, or
+// window_row in 64 bits: kernels/window.h): the residual reads the attention branch from its
+// window row, and LN1 writes its output to the window row, so no separate permutation pass
+// exists.
 //
 // The backward's parameter gradients are sums over all rows. Floating-point atomics would make
 // their last bits depend on timing, so each block instead owns a fixed range of rows, each of its
-// warps accumulates its rows' dout * xhat and dout in its own shared-memory copy (one lane per
-// column, no races), the block adds its warps in warp order into its slot of scratch, and a
-// second kernel adds the blocks' slots in block order (in double). The partition depends only on
-// (rows, C), so the gradients are bitwise the same run after run. The residual backward sums the
+// warps (multi-pass) or row slots (register kernels) accumulates its rows' dout * xhat and dout
+// in its own copy (shared memory, or the merge's registers: no races), the block adds those in a
+// fixed order into its slot of scratch, and a second kernel adds the blocks' slots in block order
+// (in double). The partition depends only on (rows, C) and the device's SM count, so the
+// gradients are bitwise the same run after run on one kind of GPU. The residual backward sums the
 // branch gradient it writes the same way (the bias gradient of the linear layer that produced
 // the branch: a third C-wide part of each block's slot), with or without the LayerNorm term.
 #include <climits>
@@ -45,12 +50,15 @@ constexpr int kDefaultSharedBytes = 48 * 1024;
 constexpr int kBackwardMaxWarps = 8;
 constexpr int kBackwardMaxThreads = kBackwardMaxWarps * kWarp;
 // Upper bound on the multi-pass backward's row blocks, so the partial sums (a few C floats per
-// block) stay small next to the rows themselves; past that each warp takes several rows. 792 is
-// two full waves on the H200 at 3 resident 256-thread blocks per SM (132 SMs): 1024 ran 2.54
-// waves in Swin-T's stage 0, the last one half empty (Nsight Compute). Large maps reach the
-// bound and then fill the waves; a constant, so the partition depends on the shapes only. (The
-// register backward sizes its waves by its shapes' residency: reg_backward_plan.)
-constexpr int64_t kBackwardMaxBlocks = 792;
+// block) stay small next to the rows themselves; past that each warp takes several rows: two
+// full waves at 3 resident 256-thread blocks per SM (792 on the H200's 132 SMs; 1024 ran 2.54
+// waves in Swin-T's stage 0, the last one half empty, Nsight Compute). Large maps reach the
+// bound and then fill the waves; fixed per device, so the partition depends on the shapes and
+// the SM count only. (The register backward sizes its waves by its shapes' residency:
+// reg_backward_plan.)
+int64_t backward_max_blocks() {
+  return 2 * 3 * (int64_t)device_sm_count();
+}
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
@@ -108,7 +116,7 @@ BackwardPlan backward_plan(int64_t N, int C, int parts = 2) {
   BackwardPlan p;
   int64_t fit = kDefaultSharedBytes / (parts * (int64_t)C * (int64_t)sizeof(float));
   p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
-  int64_t max_rows = (int64_t)p.warps * kBackwardMaxBlocks;
+  int64_t max_rows = (int64_t)p.warps * backward_max_blocks();
   int64_t rows_per_warp = N > max_rows ? (N + max_rows - 1) / max_rows : 1;
   p.rows_per_block = rows_per_warp * p.warps;
   p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
@@ -459,9 +467,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 // (MAXV vectors of VEC elements per lane) and written once. A row gets LANES lanes (a power of
 // two up to 32), so short rows (C = 96 in bf16: 12 vectors) share a warp two or four to a warp;
 // row reductions are butterflies within those lanes. Vector k of lane l covers elements
-// ((k * LANES + l) * VEC ...), so every access of a warp is contiguous. The backward keeps each
-// lane's dweight / dbias terms in registers over all its rows (a lane always owns the same
-// columns) and combines the row slots of a block in a fixed order at the end.
+// ((k * LANES + l) * VEC ...), so every access of a warp is contiguous. The backwards keep each
+// row slot's dweight / dbias terms over all its rows (a lane always owns the same columns): the
+// residual's in shared memory (see residual_layernorm_backward_reg_kernel), the merge's in
+// registers; the row slots of a block are combined in a fixed order at the end.
 
 template <int LANES>
 __device__ __forceinline__ float group_sum(float v) {
@@ -791,7 +800,7 @@ void with_exact_reg_shape(RegShape r, F f) {
 // The register backward's fixed partition: slot count per block from the shared memory its
 // running sums need (kResidualParts x C floats per slot, within kRegBackwardSharedBytes), rows
 // per block from (rows, C) alone, at most two full waves of its resident blocks
-// (reg_backward_blocks_per_sm) on the H200's 132 SMs.
+// (reg_backward_blocks_per_sm) on the device's SMs.
 BackwardPlan reg_backward_plan(int64_t N, int C, int lanes, int maxv) {
   BackwardPlan p;
   int per_warp = 32 / lanes;
@@ -799,7 +808,7 @@ BackwardPlan reg_backward_plan(int64_t N, int C, int lanes, int maxv) {
       kRegBackwardSharedBytes / (kResidualParts * (int64_t)C * (int64_t)sizeof(float) * per_warp);
   p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
   int64_t slots = (int64_t)p.warps * per_warp;
-  int64_t max_rows = slots * 2 * 132 * reg_backward_blocks_per_sm(maxv);
+  int64_t max_rows = slots * 2 * device_sm_count() * reg_backward_blocks_per_sm(maxv);
   int64_t rows_per_slot = N > max_rows ? (N + max_rows - 1) / max_rows : 1;
   p.rows_per_block = rows_per_slot * slots;
   p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;
@@ -1038,12 +1047,14 @@ void with_merge_shape(int shape, F f) {
 }
 
 // The merge backward's fixed partition: slots per block from its shared memory (2 * 4C floats
-// each, within the default 48 KB), and rows per slot so that the blocks come to
-// about kMergeBackwardBlocks: one wave on the H200 at two resident blocks per SM (132 SMs; the
+// each, within the default 48 KB), and rows per slot so that the blocks come to about
+// merge_backward_blocks(): one wave at two resident blocks per SM (264 on the H200's 132; the
 // bf16 / fp16 shapes of Swin-T's merges take 115-207 registers a thread and 48 KB of shared
 // memory a block, two blocks a SM), each slot walking several rows, so no partial last wave. A
-// constant, so that the partition depends on the shapes only.
-constexpr int64_t kMergeBackwardBlocks = 264;
+// count fixed per device, so that the partition depends on the shapes and the SM count only.
+int64_t merge_backward_blocks() {
+  return 2 * (int64_t)device_sm_count();
+}
 
 BackwardPlan merge_backward_plan(int64_t N, int C4, int lanes) {
   BackwardPlan p;
@@ -1051,7 +1062,7 @@ BackwardPlan merge_backward_plan(int64_t N, int C4, int lanes) {
   const int64_t fit = kDefaultSharedBytes / (2 * (int64_t)C4 * (int64_t)sizeof(float) * per_warp);
   p.warps = fit < 1 ? 1 : fit > kBackwardMaxWarps ? kBackwardMaxWarps : (int)fit;
   const int64_t slots = (int64_t)p.warps * per_warp;
-  const int64_t wave = slots * kMergeBackwardBlocks;
+  const int64_t wave = slots * merge_backward_blocks();
   const int64_t rows_per_slot = N > wave ? (N + wave - 1) / wave : 1;
   p.rows_per_block = rows_per_slot * slots;
   p.blocks = (N + p.rows_per_block - 1) / p.rows_per_block;

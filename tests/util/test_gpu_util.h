@@ -13,7 +13,7 @@
 // Without the CUDA backend in the build, or without a device at run time, a GPU test prints a
 // SKIP line and exits 77 (ctest shows it as skipped).
 #pragma once
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include <stdbool.h>

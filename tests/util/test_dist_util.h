@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "dist/comm.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static inline void must(Comm *c, int rc, const Error *err) {
   if (rc != 0) comm_abort(c, err->msg);

@@ -19,7 +19,7 @@
 #include "data/image_ops.h"
 #include "data/randaugment.h"
 #include "kernels/image_aug.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static inline int test_aug_below(TestRng *r, int n) {
   return (int)(test_rng_u64(r) % (uint64_t)n);

@@ -11,7 +11,7 @@
 
 #include "data/transform.h"
 #include "src/util.h"
-#include "tests/test_util.h"
+#include "tests/util/test_util.h"
 
 static inline int test_below(TestRng *r, int n) {
   return (int)(test_rng_u64(r) % (uint64_t)n);
