@@ -51,7 +51,7 @@ int bucket_plan_model(const Model *m, double bucket_mb, GradBucket **buckets, in
     if (m->params[i].offset > end || (i == 0 && m->params[0].offset != 0)) {
       free(numel);
       return error_set(err, "parameter '%s' at float %lld is out of order in the table",
-                       m->params[i].name, (long long)m->params[i].offset);
+                       m->params[i].t.name, (long long)m->params[i].offset);
     }
     numel[i] = end - m->params[i].offset;
   }

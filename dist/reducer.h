@@ -36,7 +36,7 @@ typedef struct GradReducer GradReducer;
 // In a job started by a launcher whose device is (or, with device=auto, resolves to) CUDA: takes
 // this process's GPU from its local rank (nccl_select_device) before the backend is created, and
 // turns NVLink multicast off in NCCL unless the environment says otherwise (NCCL_NVLS_ENABLE=0;
-// see the README). Fails when this build has no NCCL. Collective over every rank.
+// see dist/README.md). Fails when this build has no NCCL. Collective over every rank.
 int dist_select_device(Comm *c, const Config *cfg, Error *err);
 
 // Plans the buckets of m's gradient buffer (dist.bucket_mb) and, on the CUDA backend, creates the

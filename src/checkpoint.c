@@ -13,6 +13,9 @@
 #include "src/config.h"
 #include "src/safetensors.h"
 
+// A moment's name: "optim.exp_avg_sq." and a parameter's (TENSOR_NAME_MAX with its NUL).
+#define CHECKPOINT_NAME_MAX (sizeof "optim.exp_avg_sq." + TENSOR_NAME_MAX)
+
 // suffix: "" for a checkpoint, ".tmp" for the temp file a save writes first.
 static bool parse_checkpoint_name(const char *name, const char *suffix, int64_t *step) {
   long long s;
@@ -97,16 +100,16 @@ static int check_finite_state(const Model *m, const float *exp_avg, const float 
   const char *prefixes[3] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
   for (int b = 0; b < 3; b++)
     for (int i = 0; i < m->num_params; i++) {
-      const ParamInfo *p = &m->params[i];
+      const Param *p = &m->params[i];
       const float *x = buffers[b] + p->offset;
-      int64_t bad = first_nonfinite(x, p->numel);
+      int64_t bad = first_nonfinite(x, tensor_numel(&p->t));
       if (bad >= 0)
         return error_set(err,
                          "refusing to write checkpoint '%s': tensor '%s%s' holds %s (element "
                          "%lld)\nHINT: the run diverged; lower train.lr or raise "
                          "train.warmup_epochs, then resume=auto continues from the last "
                          "checkpoint",
-                         path, prefixes[b], p->name, nonfinite_name(x[bad]), (long long)bad);
+                         path, prefixes[b], p->t.name, nonfinite_name(x[bad]), (long long)bad);
     }
   return 0;
 }
@@ -143,22 +146,22 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
   snprintf(value, sizeof value, "%d", state->world);
   safetensors_writer_meta(&w, "world_size", value);
 
-  // Tensor names live as long as the writer: build them in one block.
-  char(*names)[2][128] = malloc_check(sizeof *names * (size_t)m->num_params);
+  // The weights, then both moments of every tensor under the same name with a prefix (the
+  // writer copies the names).
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    safetensors_writer_add(&w, p->name, DTYPE_F32, p->ndim, p->shape, m->weights + p->offset);
+    Tensor t = model_param_view(m, i, m->weights);
+    safetensors_writer_add_tensor(&w, &t);
   }
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    snprintf(names[i][0], sizeof names[i][0], "optim.exp_avg.%s", p->name);
-    snprintf(names[i][1], sizeof names[i][1], "optim.exp_avg_sq.%s", p->name);
-    safetensors_writer_add(&w, names[i][0], DTYPE_F32, p->ndim, p->shape, exp_avg + p->offset);
-    safetensors_writer_add(&w, names[i][1], DTYPE_F32, p->ndim, p->shape, exp_avg_sq + p->offset);
+    const Param *p = &m->params[i];
+    char name[CHECKPOINT_NAME_MAX];
+    snprintf(name, sizeof name, "optim.exp_avg.%s", p->t.name);
+    safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, p->t.shape, exp_avg + p->offset);
+    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->t.name);
+    safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, p->t.shape, exp_avg_sq + p->offset);
   }
   int rc = safetensors_writer_save(&w, path, err);
   safetensors_writer_free(&w);
-  free(names);
   free(ini);
   if (rc != 0) return error_prefix(err, "writing checkpoint: ");
   if (path_out) snprintf(path_out, path_size, "%s", path);
@@ -183,17 +186,24 @@ static int meta_int(const SafeTensors *st, const char *key, int64_t *out, Error 
   return 0;
 }
 
-static int copy_tensor(const SafeTensors *st, const char *name, const ParamInfo *p, float *dst,
+// Tensor `name` of st, which must be p's dtype and shape, into dst.
+static int copy_tensor(const SafeTensors *st, const char *name, const Param *p, float *dst,
                        Error *err) {
   const SafeTensorEntry *e = safetensors_find(st, name);
   if (!e) return error_set(err, "checkpoint '%s' lacks tensor '%s'", st->path, name);
-  bool same = e->dtype == DTYPE_F32 && e->ndim == p->ndim;
-  for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
-  if (!same)
-    return error_set(err, "checkpoint '%s': tensor '%s' has the wrong dtype or shape", st->path,
-                     name);
-  memcpy(dst, safetensors_entry_data(st, e), sizeof(float) * (size_t)p->numel);
-  int64_t bad = first_nonfinite(dst, p->numel);
+  Tensor got = safetensors_entry_tensor(st, e);
+  if (got.dtype != p->t.dtype || !tensor_same_shape(&got, &p->t)) {
+    char have[160], want[160];
+    tensor_describe(&got, have, sizeof have);
+    tensor_describe(&p->t, want, sizeof want);
+    return error_set(err,
+                     "checkpoint '%s': tensor '%s' has the wrong dtype or shape: %s, this model "
+                     "expects %s\nHINT: resume= takes checkpoints of the same model.* settings",
+                     st->path, name, have, want);
+  }
+  int64_t numel = tensor_numel(&p->t);
+  memcpy(dst, got.data, sizeof(float) * (size_t)numel);
+  int64_t bad = first_nonfinite(dst, numel);
   if (bad >= 0)
     return error_set(err,
                      "checkpoint '%s': tensor '%s' holds %s (element %lld)\n"
@@ -206,14 +216,14 @@ static int copy_tensor(const SafeTensors *st, const char *name, const ParamInfo 
 static int check_second_moments(const SafeTensors *st, const Model *m, const float *exp_avg_sq,
                                 Error *err) {
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    for (int64_t k = 0; k < p->numel; k++)
+    const Param *p = &m->params[i];
+    for (int64_t k = 0; k < tensor_numel(&p->t); k++)
       if (exp_avg_sq[p->offset + k] < 0)
         return error_set(err,
                          "checkpoint '%s': tensor 'optim.exp_avg_sq.%s' holds a negative value "
                          "(element %lld); second moments are never negative\n"
                          "HINT: the file was not written by swin.c; resume from another one",
-                         st->path, p->name, (long long)k);
+                         st->path, p->t.name, (long long)k);
   }
   return 0;
 }
@@ -292,12 +302,12 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
   ea = calloc_check(1, bytes);
   eas = calloc_check(1, bytes);
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    char name[160];
-    if (copy_tensor(&st, p->name, p, w + p->offset, err)) goto done;
-    snprintf(name, sizeof name, "optim.exp_avg.%s", p->name);
+    const Param *p = &m->params[i];
+    char name[CHECKPOINT_NAME_MAX];
+    if (copy_tensor(&st, p->t.name, p, w + p->offset, err)) goto done;
+    snprintf(name, sizeof name, "optim.exp_avg.%s", p->t.name);
     if (copy_tensor(&st, name, p, ea + p->offset, err)) goto done;
-    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
+    snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->t.name);
     if (copy_tensor(&st, name, p, eas + p->offset, err)) goto done;
   }
   if (check_second_moments(&st, m, eas, err) != 0) goto done;

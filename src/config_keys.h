@@ -1,5 +1,5 @@
-// config_keys.h: what config.c exports from its key table beyond config.h, for the README key
-// reference and `swin_train --keys`.
+// config_keys.h: what config.c exports from its key table beyond config.h, for the key
+// reference (configs/README.md) and `swin_train --keys`.
 #pragma once
 #include <stdio.h>
 

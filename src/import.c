@@ -60,7 +60,7 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
       official_to_timm(e->name, name, sizeof name);
     else
       snprintf(name, sizeof name, "%s", e->name);
-    const ParamInfo *p = model_find_param(m, name);
+    const Param *p = model_find_param(m, name);
     if (!p) {
       error_set(err,
                 "init_from '%s': tensor '%s' does not exist in this model\n"
@@ -73,15 +73,14 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
                 e->name, dtype_name(e->dtype));
       goto done;
     }
-    bool same = e->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
-    if (!same) {
+    Tensor got = safetensors_entry_tensor(&st, e);
+    if (!tensor_same_shape(&got, &p->t)) {
       char got[96], want[96];
       shape_text(got, sizeof got, e->ndim, e->shape);
-      shape_text(want, sizeof want, p->ndim, p->shape);
+      shape_text(want, sizeof want, p->t.ndim, p->t.shape);
       // Fine-tuning to another class count: only dim 0 of head.fc.* differs; keep the fresh head.
-      bool head = strncmp(p->name, "head.fc.", 8) == 0 && e->ndim == p->ndim;
-      for (int d = 1; head && d < p->ndim; d++) head = e->shape[d] == p->shape[d];
+      bool head = strncmp(p->t.name, "head.fc.", 8) == 0 && e->ndim == p->t.ndim;
+      for (int d = 1; head && d < p->t.ndim; d++) head = e->shape[d] == p->t.shape[d];
       if (head) {
         new_head = true;
         seen[p - m->params] = true;
@@ -93,8 +92,8 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
                 path, e->name, got, want);
       goto done;
     }
-    convert_to_f32(staged + p->offset, safetensors_entry_data(&st, e), e->dtype, p->numel);
-    int64_t bad = first_nonfinite(staged + p->offset, p->numel);
+    convert_to_f32(staged + p->offset, got.data, got.dtype, tensor_numel(&got));
+    int64_t bad = first_nonfinite(staged + p->offset, tensor_numel(&got));
     if (bad >= 0) {
       error_set(err,
                 "init_from '%s': tensor '%s' holds %s (element %lld)\n"
@@ -107,7 +106,7 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   for (int i = 0; i < m->num_params; i++)
     if (!seen[i]) {
       error_set(err, "init_from '%s': tensor '%s' is missing from the file", path,
-                m->params[i].name);
+                m->params[i].t.name);
       goto done;
     }
   memcpy(m->weights, staged, sizeof(float) * (size_t)m->num_floats);
@@ -147,8 +146,10 @@ int export_weights(const Model *m, const char *path, DType dtype, Error *err) {
   char *ini = config_to_ini(&m->cfg);
   safetensors_writer_meta(&w, "swin.config", ini);
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    safetensors_writer_add(&w, p->name, dtype, p->ndim, p->shape, data + esize * (size_t)p->offset);
+    Tensor t = m->params[i].t;  // the table's description, over the converted copy
+    t.dtype = dtype;
+    t.data = data + esize * (size_t)m->params[i].offset;
+    safetensors_writer_add_tensor(&w, &t);
   }
   int rc = safetensors_writer_save(&w, path, err);
   safetensors_writer_free(&w);

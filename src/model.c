@@ -65,35 +65,35 @@ static bool block_is_shifted(const StageGeom *g, int j) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameters: one walk over the model in forward order defines the table (names, shapes, decay)
+// Parameters: one walk over the model in forward order defines the table (names, shapes, decay,
+// initialization)
 // and binds typed pointers into any flat buffer with the same layout. It is the only place the
 // order is written down.
 
 typedef struct {
-  ParamInfo *table;  // filled when non-NULL
-  float *base;       // buffer being bound, or NULL
+  Param *table;  // filled when non-NULL
+  float *base;   // buffer being bound, or NULL
   int index;
   int64_t offset;  // next tensor's start (aligned)
   int64_t values;  // parameters so far
 } ParamWalk;
 
-static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, const char *fmt,
-                    ...) {
+static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const int64_t *shape,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const int64_t *shape,
+                    const char *fmt, ...) {
   int64_t numel = 1;
   for (int i = 0; i < ndim; i++) numel *= shape[i];
   if (k->table) {
-    ParamInfo *p = &k->table[k->index];
+    char name[TENSOR_NAME_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    p->ndim = ndim;
-    for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
-    p->offset = k->offset;
-    p->numel = numel;
-    p->decay = decay;
+    k->table[k->index] = (Param){.t = tensor_view(NULL, DTYPE_F32, DEVICE_CPU, name, ndim, shape),
+                                 .offset = k->offset,
+                                 .decay = decay,
+                                 .init = init};
   }
   float *ptr = k->base ? k->base + k->offset : NULL;
   k->index++;
@@ -104,64 +104,72 @@ static float *param(ParamWalk *k, bool decay, int ndim, const int64_t *shape, co
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define NDIM(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-// A weight matrix or table (decay as given) and a 1-D vector (never decayed).
-#define PARAM(decay, ...) param(&k, decay, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__)
-#define VEC(n, ...) param(&k, false, 1, SHAPE(n), __VA_ARGS__)
+// A weight matrix or table (decay and initialization as given) and a 1-D vector (never decayed).
+#define PARAM(decay, init, ...) param(&k, decay, init, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__)
+#define VEC(init, n, ...) param(&k, false, init, 1, SHAPE(n), __VA_ARGS__)
+#define NORMAL PARAM_INIT_TRUNC_NORMAL
+#define ZERO PARAM_INIT_ZERO
+#define ONE PARAM_INIT_ONE
+#define CONV PARAM_INIT_CONV_UNIFORM
 
 // Walks every parameter in forward order: fills table when non-NULL, binds w to base when both
 // are non-NULL. Returns the number of parameter tensors; sets m->num_floats and m->num_values.
-static int walk_params(Model *m, ParamInfo *table, Weights *w, float *base) {
+static int walk_params(Model *m, Param *table, Weights *w, float *base) {
   const Config *c = &m->cfg;
   ParamWalk k = {.table = table, .base = base};
   Weights unused = {0};
   if (!w) w = &unused;
   int64_t E = c->embed_dim, p = c->patch_size;
 
-  w->patch_w = PARAM(true, E, c->in_chans, p, p), "patch_embed.proj.weight");
-  w->patch_b = VEC(E, "patch_embed.proj.bias");
-  w->patch_norm_w = VEC(E, "patch_embed.norm.weight");
-  w->patch_norm_b = VEC(E, "patch_embed.norm.bias");
+  w->patch_w = PARAM(true, CONV, E, c->in_chans, p, p), "patch_embed.proj.weight");
+  w->patch_b = VEC(CONV, E, "patch_embed.proj.bias");
+  w->patch_norm_w = VEC(ONE, E, "patch_embed.norm.weight");
+  w->patch_norm_b = VEC(ZERO, E, "patch_embed.norm.bias");
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
     int64_t C = g->C;
     if (g->merge) {
       int64_t C4 = 2 * C;  // 4 * previous width
-      w->merge_norm_w[s] = VEC(C4, "layers.%d.downsample.norm.weight", s);
-      w->merge_norm_b[s] = VEC(C4, "layers.%d.downsample.norm.bias", s);
-      w->merge_w[s] = PARAM(true, C, C4), "layers.%d.downsample.reduction.weight", s);
+      w->merge_norm_w[s] = VEC(ONE, C4, "layers.%d.downsample.norm.weight", s);
+      w->merge_norm_b[s] = VEC(ZERO, C4, "layers.%d.downsample.norm.bias", s);
+      w->merge_w[s] = PARAM(true, NORMAL, C, C4), "layers.%d.downsample.reduction.weight", s);
     }
     for (int j = 0; j < g->depth; j++) {
       BlockWeights unused_block, *b = w->blocks ? &w->blocks[g->first_block + j] : &unused_block;
       int64_t table_rows = (int64_t)(2 * g->wh - 1) * (2 * g->ww - 1), hidden = g->hidden;
 #define BLK "layers.%d.blocks.%d."
-      b->norm1_w = VEC(C, BLK "norm1.weight", s, j);
-      b->norm1_b = VEC(C, BLK "norm1.bias", s, j);
-      b->rel_table = PARAM(false, table_rows, g->heads), BLK "attn.relative_position_bias_table",
+      b->norm1_w = VEC(ONE, C, BLK "norm1.weight", s, j);
+      b->norm1_b = VEC(ZERO, C, BLK "norm1.bias", s, j);
+      b->rel_table = PARAM(false, NORMAL, table_rows, g->heads), BLK "attn.relative_position_bias_table",
                            s, j);
-      b->qkv_w = PARAM(true, 3 * C, C), BLK "attn.qkv.weight", s, j);
-      b->qkv_b = c->qkv_bias ? VEC(3 * C, BLK "attn.qkv.bias", s, j) : NULL;
-      b->proj_w = PARAM(true, C, C), BLK "attn.proj.weight", s, j);
-      b->proj_b = VEC(C, BLK "attn.proj.bias", s, j);
-      b->norm2_w = VEC(C, BLK "norm2.weight", s, j);
-      b->norm2_b = VEC(C, BLK "norm2.bias", s, j);
-      b->fc1_w = PARAM(true, hidden, C), BLK "mlp.fc1.weight", s, j);
-      b->fc1_b = VEC(hidden, BLK "mlp.fc1.bias", s, j);
-      b->fc2_w = PARAM(true, C, hidden), BLK "mlp.fc2.weight", s, j);
-      b->fc2_b = VEC(C, BLK "mlp.fc2.bias", s, j);
+      b->qkv_w = PARAM(true, NORMAL, 3 * C, C), BLK "attn.qkv.weight", s, j);
+      b->qkv_b = c->qkv_bias ? VEC(ZERO, 3 * C, BLK "attn.qkv.bias", s, j) : NULL;
+      b->proj_w = PARAM(true, NORMAL, C, C), BLK "attn.proj.weight", s, j);
+      b->proj_b = VEC(ZERO, C, BLK "attn.proj.bias", s, j);
+      b->norm2_w = VEC(ONE, C, BLK "norm2.weight", s, j);
+      b->norm2_b = VEC(ZERO, C, BLK "norm2.bias", s, j);
+      b->fc1_w = PARAM(true, NORMAL, hidden, C), BLK "mlp.fc1.weight", s, j);
+      b->fc1_b = VEC(ZERO, hidden, BLK "mlp.fc1.bias", s, j);
+      b->fc2_w = PARAM(true, NORMAL, C, hidden), BLK "mlp.fc2.weight", s, j);
+      b->fc2_b = VEC(ZERO, C, BLK "mlp.fc2.bias", s, j);
 #undef BLK
     }
   }
   int64_t Cl = m->stages[m->num_stages - 1].C;
-  w->norm_w = VEC(Cl, "norm.weight");
-  w->norm_b = VEC(Cl, "norm.bias");
-  w->head_w = PARAM(true, c->num_classes, Cl), "head.fc.weight");
-  w->head_b = VEC(c->num_classes, "head.fc.bias");
+  w->norm_w = VEC(ONE, Cl, "norm.weight");
+  w->norm_b = VEC(ZERO, Cl, "norm.bias");
+  w->head_w = PARAM(true, NORMAL, c->num_classes, Cl), "head.fc.weight");
+  w->head_b = VEC(ZERO, c->num_classes, "head.fc.bias");
   m->num_floats = k.offset;
   m->num_values = k.values;
   return k.index;
 }
 #undef PARAM
 #undef VEC
+#undef NORMAL
+#undef ZERO
+#undef ONE
+#undef CONV
 
 // ---------------------------------------------------------------------------------------------
 // Activations: one plan assigns every saved tensor and scratch buffer; run once to count bytes
@@ -293,7 +301,7 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
     return -1;
   }
   m->num_params = walk_params(m, NULL, NULL, NULL);
-  m->params = calloc_check((size_t)m->num_params, sizeof(ParamInfo));
+  m->params = calloc_check((size_t)m->num_params, sizeof(Param));
   walk_params(m, m->params, NULL, NULL);
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   m->weights = aligned_alloc_check(bytes);
@@ -391,7 +399,8 @@ void model_memory(const Model *m, size_t *weights, size_t *grads, size_t *activa
   *activations = m->acts_arena.capacity;
 }
 // ---------------------------------------------------------------------------------------------
-// Initialization (timm / official): Linear weights and the bias tables trunc_normal(std 0.02,
+// Initialization (timm / official), as each row of the parameter table names it (Param.init):
+// Linear weights and the bias tables trunc_normal(std 0.02,
 // cut at +-2), biases 0, LayerNorm 1 / 0; the patch conv keeps PyTorch's Conv2d default,
 // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias. Each tensor draws from its own RNG
 // stream keyed by its index, so the result does not depend on anything but the seed.
@@ -401,32 +410,33 @@ static double normal_draw(Rng *r) {
   return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 void model_init_weights(Model *m, uint64_t seed) {
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
+    const Param *p = &m->params[i];
     float *x = m->weights + p->offset;
+    int64_t n = tensor_numel(&p->t);
     Rng r = rng_make(seed, RNG_STREAM_INIT, (uint64_t)i, 0);
-    if (strncmp(p->name, "patch_embed.proj.", 17) == 0) {
-      double bound = 1.0 / sqrt((double)m->patch_dim);
-      for (int64_t j = 0; j < p->numel; j++)
-        x[j] = (float)((2.0 * rng_uniform_double(&r) - 1.0) * bound);
-    } else if (strstr(p->name, "norm")) {
-      float v = ends_with(p->name, ".weight") ? 1.0f : 0.0f;
-      for (int64_t j = 0; j < p->numel; j++) x[j] = v;
-    } else if (ends_with(p->name, ".bias")) {
-      memset(x, 0, sizeof(float) * (size_t)p->numel);
-    } else {
-      for (int64_t j = 0; j < p->numel; j++) {
-        double v;
-        do v = 0.02 * normal_draw(&r);
-        while (v < -2.0 || v > 2.0);
-        x[j] = (float)v;
+    switch (p->init) {
+      case PARAM_INIT_CONV_UNIFORM: {
+        double bound = 1.0 / sqrt((double)m->patch_dim);
+        for (int64_t j = 0; j < n; j++)
+          x[j] = (float)((2.0 * rng_uniform_double(&r) - 1.0) * bound);
+        break;
       }
+      case PARAM_INIT_ONE:
+        for (int64_t j = 0; j < n; j++) x[j] = 1.0f;
+        break;
+      case PARAM_INIT_ZERO:
+        memset(x, 0, sizeof(float) * (size_t)n);
+        break;
+      case PARAM_INIT_TRUNC_NORMAL:
+        for (int64_t j = 0; j < n; j++) {
+          double v;
+          do v = 0.02 * normal_draw(&r);
+          while (v < -2.0 || v > 2.0);
+          x[j] = (float)v;
+        }
+        break;
     }
   }
 }
@@ -731,10 +741,11 @@ double model_train_flops(const Model *m, int B) {
 int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {
   int n = 0;
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    for (int64_t off = 0; off < p->numel; off += MODEL_ADAMW_CHUNK, n++) {
+    const Param *p = &m->params[i];
+    int64_t numel = tensor_numel(&p->t);
+    for (int64_t off = 0; off < numel; off += MODEL_ADAMW_CHUNK, n++) {
       if (!chunks) continue;
-      int64_t left = p->numel - off;
+      int64_t left = numel - off;
       chunks[n] =
           (AdamWChunk){.offset = p->offset + off,
                        .count = (int32_t)(left < MODEL_ADAMW_CHUNK ? left : MODEL_ADAMW_CHUNK),
@@ -744,10 +755,16 @@ int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {
   return n;
 }
 
-const ParamInfo *model_find_param(const Model *m, const char *name) {
+const Param *model_find_param(const Model *m, const char *name) {
   for (int i = 0; i < m->num_params; i++)
-    if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    if (strcmp(m->params[i].t.name, name) == 0) return &m->params[i];
   return NULL;
+}
+
+Tensor model_param_view(const Model *m, int i, const float *base) {
+  Tensor t = m->params[i].t;
+  t.data = (void *)(base + m->params[i].offset);
+  return t;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -768,7 +785,7 @@ static int64_t params_with_prefix(const Model *m, const char *prefix) {
   int64_t n = 0;
   size_t k = strlen(prefix);
   for (int i = 0; i < m->num_params; i++)
-    if (strncmp(m->params[i].name, prefix, k) == 0) n += m->params[i].numel;
+    if (strncmp(m->params[i].t.name, prefix, k) == 0) n += tensor_numel(&m->params[i].t);
   return n;
 }
 

@@ -62,14 +62,23 @@ typedef struct {
   float *head_w, *head_b;  // (classes, C_last), (classes)
 } Weights;
 
+// How model_init_weights initializes a parameter (the official / timm scheme).
+typedef enum {
+  PARAM_INIT_TRUNC_NORMAL,  // N(0, 0.02) cut at +-2: linear weights, bias tables, the head
+  PARAM_INIT_ZERO,          // biases, LayerNorm biases
+  PARAM_INIT_ONE,           // LayerNorm weights
+  PARAM_INIT_CONV_UNIFORM,  // PyTorch's Conv2d default, U(+-1/sqrt(fan_in)): the patch conv
+} ParamInit;
+
+// One row of the parameter table. The tensor is the description: timm's state-dict name, F32
+// and the shape, with t.data NULL; model_param_view gives the same tensor over a flat buffer
+// (weights, gradients, moments: all share the offsets).
 typedef struct {
-  char name[96];  // timm state-dict name
-  int ndim;
-  int64_t shape[4];
+  Tensor t;
   int64_t offset;  // floats from the start of the buffer (a multiple of MODEL_PARAM_ALIGN)
-  int64_t numel;
-  bool decay;  // weight decay applies (not for 1-D params, biases, bias tables)
-} ParamInfo;
+  bool decay;      // weight decay applies (not for 1-D params, biases, bias tables)
+  ParamInit init;
+} Param;
 
 // Per-block saved activations of the training forward (views in the activation arena, backend
 // memory). `act` tensors are in the compute type; statistics and scales are f32. What is cheaper
@@ -124,7 +133,7 @@ typedef struct {
   float *block_drop;  // drop-path rate per block (linear from 0 to drop_path_rate), host
   float *block_drop_be;
 
-  ParamInfo *params;
+  Param *params;
   int num_params;
   int64_t num_values;  // parameter count (the sum of the tensors' sizes)
   int64_t num_floats;  // length of the flat buffers (with the alignment gaps)
@@ -186,12 +195,14 @@ void model_zero_grads(Model *m);
 double model_train_flops(const Model *m, int B);
 
 // The AdamW chunk table (optim/optimizer.h): every tensor cut into pieces of at most
-// MODEL_ADAMW_CHUNK elements, with weight_decay where ParamInfo.decay and 0 elsewhere. Returns
+// MODEL_ADAMW_CHUNK elements, with weight_decay where Param.decay and 0 elsewhere. Returns
 // the number of chunks; chunks NULL only counts.
 #define MODEL_ADAMW_CHUNK 16384
 int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks);
 // Looks a parameter up by timm name; NULL if absent.
-const ParamInfo *model_find_param(const Model *m, const char *name);
+const Param *model_find_param(const Model *m, const char *name);
+// Parameter i as a tensor over the flat host buffer base (num_floats: weights, moments).
+Tensor model_param_view(const Model *m, int i, const float *base);
 // Prints the per-stage table and the parameter count.
 void model_print_summary(const Model *m, FILE *out);
 // Bytes of backend memory the model holds: weights (master + compute copy), gradients,

@@ -64,12 +64,12 @@ static OnnxTensor *add_values(Graph *g, const char *name, int ndim, const int64_
 
 // A timm parameter under its own name and shape.
 static const char *param(Graph *g, const char *name) {
-  const ParamInfo *p = model_find_param(g->m, name);
+  const Param *p = model_find_param(g->m, name);
   if (!p) {  // the graph asks only for parameters the model's own table defines
     fprintf(stderr, "onnx_swin: the model has no parameter '%s'\n", name);
     abort();
   }
-  return add_values(g, p->name, p->ndim, p->shape, g->m->weights + p->offset, NULL)->name;
+  return add_values(g, p->t.name, p->t.ndim, p->t.shape, g->m->weights + p->offset, NULL)->name;
 }
 
 // A scalar constant in the graph's type.

@@ -767,6 +767,11 @@ const void *safetensors_entry_data(const SafeTensors *st, const SafeTensorEntry 
   return st->data + e->begin;
 }
 
+Tensor safetensors_entry_tensor(const SafeTensors *st, const SafeTensorEntry *e) {
+  return tensor_view((void *)safetensors_entry_data(st, e), e->dtype, DEVICE_CPU, e->name, e->ndim,
+                     e->shape);
+}
+
 const char *safetensors_meta_get(const SafeTensors *st, const char *key) {
   for (int i = 0; i < st->meta_count; i++)
     if (strcmp(st->meta[i].key, key) == 0) return st->meta[i].value;
@@ -806,6 +811,10 @@ void safetensors_writer_add(SafeTensorWriter *w, const char *name, DType dtype, 
       e->shape[i] = shape[i];
       if (shape[i] < 0) e->ndim = ADD_NEGATIVE_DIM;
     }
+}
+
+void safetensors_writer_add_tensor(SafeTensorWriter *w, const Tensor *t) {
+  safetensors_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
 }
 
 void safetensors_writer_meta(SafeTensorWriter *w, const char *key, const char *value) {

@@ -52,6 +52,10 @@ int safetensors_parse(SafeTensors *st, const unsigned char *bytes, size_t size, 
 void safetensors_free(SafeTensors *st);
 const SafeTensorEntry *safetensors_find(const SafeTensors *st, const char *name);
 const void *safetensors_entry_data(const SafeTensors *st, const SafeTensorEntry *e);
+// Entry e as a tensor over the file's bytes (host memory, valid while st is), for shape checks
+// against what a model expects (tensor_same_shape) and messages (tensor_describe); the name
+// is cut at TENSOR_NAME_MAX - 1 bytes.
+Tensor safetensors_entry_tensor(const SafeTensors *st, const SafeTensorEntry *e);
 const char *safetensors_meta_get(const SafeTensors *st, const char *key);  // NULL if absent
 
 // Writer: collect tensors (pointers, not copies: they must stay valid until save) and metadata,
@@ -69,6 +73,8 @@ typedef struct {
 void safetensors_writer_init(SafeTensorWriter *w);
 void safetensors_writer_add(SafeTensorWriter *w, const char *name, DType dtype, int ndim,
                             const int64_t *shape, const void *data);
+// The same from a tensor's description: its name, dtype, shape and data.
+void safetensors_writer_add_tensor(SafeTensorWriter *w, const Tensor *t);
 void safetensors_writer_meta(SafeTensorWriter *w, const char *key, const char *value);
 int safetensors_writer_save(SafeTensorWriter *w, const char *path, Error *err);
 void safetensors_writer_free(SafeTensorWriter *w);

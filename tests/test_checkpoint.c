@@ -74,19 +74,19 @@ static void test_save_refuses_nonfinite(TestRng *r) {
   char dir[256], path[512];
   snprintf(dir, sizeof dir, "%s/save", tmp_dir);
   TrainState s = {.step = 3, .epoch = 0, .batch = 3, .seed = 0, .loss_scale = 1};
-  const ParamInfo *p = &f.m.params[5];
+  const Param *p = &f.m.params[5];
   Error err;
   f.m.weights[p->offset + 2] = NAN;
   int rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, 3, path, sizeof path, &err);
-  test_check(rc == -1 && strstr(err.msg, p->name) && strstr(err.msg, "nan") &&
+  test_check(rc == -1 && strstr(err.msg, p->t.name) && strstr(err.msg, "nan") &&
                  strstr(err.msg, "element 2") && count_files(dir) == 0,
-             "save refuses a NaN weight, naming '%s', writing nothing: %.90s", p->name, err.msg);
+             "save refuses a NaN weight, naming '%s', writing nothing: %.90s", p->t.name, err.msg);
   f.m.weights[p->offset + 2] = 0.5f;
-  const ParamInfo *q = &f.m.params[f.m.num_params - 1];
+  const Param *q = &f.m.params[f.m.num_params - 1];
   f.exp_avg_sq[q->offset] = INFINITY;
   rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, 3, path, sizeof path, &err);
   char name[160];
-  snprintf(name, sizeof name, "optim.exp_avg_sq.%s", q->name);
+  snprintf(name, sizeof name, "optim.exp_avg_sq.%s", q->t.name);
   test_check(rc == -1 && strstr(err.msg, name) && strstr(err.msg, "inf") && count_files(dir) == 0,
              "save refuses an infinite second moment, naming '%s'", name);
   f.exp_avg_sq[q->offset] = 1e-7f;
@@ -134,21 +134,21 @@ static void test_load_refuses(TestRng *r) {
   memcpy(before, f.m.weights, sizeof(float) * (size_t)f.m.num_floats);
   TrainState s;
   Error err;
-  const ParamInfo *p = &f.m.params[3];
+  const Param *p = &f.m.params[3];
   struct {
     const char *what, *tensor;
     float value;
     const char *key, *meta, *needle;
   } cases[] = {
-      {"a NaN weight", p->name, NAN, NULL, NULL, "nan"},
-      {"a -inf weight", p->name, -INFINITY, NULL, NULL, "-inf"},
+      {"a NaN weight", p->t.name, NAN, NULL, NULL, "nan"},
+      {"a -inf weight", p->t.name, -INFINITY, NULL, NULL, "-inf"},
       {"a negative second moment", name, -1e-6f, NULL, NULL, "negative value"},
       {"step -4", NULL, 0, "step", "-4", "none may be negative"},
       {"batch -1", NULL, 0, "batch", "-1", "none may be negative"},
       {"loss_scale nan", NULL, 0, "loss_scale", "nan", "bad loss_scale"},
       {"loss_scale 0", NULL, 0, "loss_scale", "0", "bad loss_scale"},
   };
-  snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
+  snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->t.name);
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     write_altered(good, bad, cases[k].tensor, cases[k].value, cases[k].key, cases[k].meta);
     int rc = checkpoint_load(bad, &f.m, f.exp_avg, f.exp_avg_sq, &s, &err);
@@ -172,7 +172,7 @@ static void test_load_refuses(TestRng *r) {
     }
     SafeTensors st;
     safetensors_read(&st, exported, &err);
-    const SafeTensorEntry *e = safetensors_find(&st, p->name);
+    const SafeTensorEntry *e = safetensors_find(&st, p->t.name);
     unsigned char *data = malloc_check(st.data_size);
     memcpy(data, st.data, st.data_size);
     uint16_t inf_bf16 = 0x7F80;
@@ -194,9 +194,9 @@ static void test_load_refuses(TestRng *r) {
     rc = import_weights(&f.m, bad, NULL, &err);
     bool untouched = memcmp(before, f.m.weights, sizeof(float) * (size_t)f.m.num_floats) == 0;
     test_check(
-        rc == -1 && strstr(err.msg, p->name) && strstr(err.msg, d ? "inf" : "nan") && untouched,
+        rc == -1 && strstr(err.msg, p->t.name) && strstr(err.msg, d ? "inf" : "nan") && untouched,
         "init_from refuses a %s %s in '%s', model untouched: %.90s", dtype_name(dtypes[d]),
-        d ? "inf" : "NaN", p->name, err.msg);
+        d ? "inf" : "NaN", p->t.name, err.msg);
   }
   free(before);
   fixture_free(&f);

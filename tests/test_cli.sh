@@ -124,9 +124,9 @@ expect "the progress line carries the data wait" 0 "step 2/2 .* img/s [0-9]+  da
 expect "metrics.jsonl carries the data wait" 0 '"data_wait": [0-9.]+' -- \
   cat "$tmp/data_wait/metrics.jsonl"
 
-# The README's key reference is the program's own.
-readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/README.md" | sed '1d;$d')
-expect "README key reference matches swin_train --keys" 0 "^same$" -- \
+# configs/README.md's key reference is the program's own.
+readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/configs/README.md" | sed '1d;$d')
+expect "configs/README.md key reference matches swin_train --keys" 0 "^same$" -- \
   bash -c '[ "$1" = "$2" ] && echo same || diff <(echo "$1") <(echo "$2")' _ "$readme_keys" "$("$bin" --keys)"
 
 echo "$passed passed, $failed failed"

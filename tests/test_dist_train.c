@@ -146,14 +146,15 @@ static double weight_distance(const Model *m, const float *w0, const char *a, co
     return safetensors_free(&x), printf("%s\n", err.msg), INFINITY;
   double diff = 0, moved = 0;
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    const SafeTensorEntry *e = safetensors_find(&x, p->name), *f = safetensors_find(&y, p->name);
+    const Param *p = &m->params[i];
+    const SafeTensorEntry *e = safetensors_find(&x, p->t.name),
+                          *f = safetensors_find(&y, p->t.name);
     if (!e || !f) {
       diff = INFINITY;
       break;
     }
     const float *u = safetensors_entry_data(&x, e), *v = safetensors_entry_data(&y, f);
-    for (int64_t j = 0; j < p->numel; j++) {
+    for (int64_t j = 0; j < tensor_numel(&p->t); j++) {
       double d = (double)u[j] - v[j], g = (double)v[j] - w0[p->offset + j];
       diff += d * d;
       moved += g * g;

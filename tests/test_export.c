@@ -34,7 +34,7 @@ static void make(Model *m, int classes, uint64_t seed) {
   model_init_weights(m, seed);
   TestRng r = {seed};  // non-trivial values everywhere (init leaves biases at 0, LN at 1)
   for (int i = 0; i < m->num_params; i++)  // tensor by tensor: the alignment gaps stay zero
-    test_fill_uniform(&r, m->weights + m->params[i].offset, m->params[i].numel, -1, 1);
+    test_fill_uniform(&r, m->weights + m->params[i].offset, tensor_numel(&m->params[i].t), -1, 1);
 }
 
 static char *path(const char *name) {
@@ -52,17 +52,17 @@ static void write_variant(const Model *m, const char *file, const char *rename_f
   safetensors_writer_init(&w);
   static float extra[4];
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    const char *name = p->name;
-    int64_t shape[4] = {p->shape[0], p->shape[1], p->shape[2], p->shape[3]};
+    const Param *p = &m->params[i];
+    const char *name = p->t.name;
+    int64_t shape[4] = {p->t.shape[0], p->t.shape[1], p->t.shape[2], p->t.shape[3]};
     if (rename_from && strcmp(name, rename_from) == 0) {
       if (!rename_to) continue;  // dropped
       name = rename_to;
     }
     if (bad_shape && strcmp(name, "layers.1.blocks.0.mlp.fc1.weight") == 0) {
-      shape[0] = p->shape[1], shape[1] = p->shape[0];  // transposed
+      shape[0] = p->t.shape[1], shape[1] = p->t.shape[0];  // transposed
     }
-    safetensors_writer_add(&w, name, DTYPE_F32, p->ndim, shape, m->weights + p->offset);
+    safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, shape, m->weights + p->offset);
   }
   if (add_extra)
     safetensors_writer_add(&w, "layers.9.extra.weight", DTYPE_F32, 1, (int64_t[]){4}, extra);
@@ -113,20 +113,22 @@ int main(void) {
     int n = 0;
     static int index_buffer[256];
     for (int i = 0; i < a.num_params; i++) {
-      const ParamInfo *p = &a.params[i];
+      const Param *p = &a.params[i];
       int s, k = 0;
-      if (sscanf(p->name, "layers.%d.downsample.%n", &s, &k) == 1 && k > 0)
-        snprintf(names[n], sizeof names[n], "layers.%d.downsample.%s", s - 1, p->name + k);
-      else if (strncmp(p->name, "head.fc.", 8) == 0)
-        snprintf(names[n], sizeof names[n], "head.%s", p->name + 8);
+      if (sscanf(p->t.name, "layers.%d.downsample.%n", &s, &k) == 1 && k > 0)
+        snprintf(names[n], sizeof names[n], "layers.%d.downsample.%s", s - 1, p->t.name + k);
+      else if (strncmp(p->t.name, "head.fc.", 8) == 0)
+        snprintf(names[n], sizeof names[n], "head.%s", p->t.name + 8);
       else
         continue;
-      safetensors_writer_add(&w, names[n++], DTYPE_F32, p->ndim, p->shape, a.weights + p->offset);
+      safetensors_writer_add(&w, names[n++], DTYPE_F32, p->t.ndim, p->t.shape,
+                             a.weights + p->offset);
     }
     for (int i = 0; i < a.num_params; i++) {
-      const ParamInfo *p = &a.params[i];
-      if (strstr(p->name, "downsample") || strncmp(p->name, "head.", 5) == 0) continue;
-      safetensors_writer_add(&w, p->name, DTYPE_F32, p->ndim, p->shape, a.weights + p->offset);
+      const Param *p = &a.params[i];
+      if (strstr(p->t.name, "downsample") || strncmp(p->t.name, "head.", 5) == 0) continue;
+      safetensors_writer_add(&w, p->t.name, DTYPE_F32, p->t.ndim, p->t.shape,
+                             a.weights + p->offset);
     }
     safetensors_writer_add(&w, "layers.0.blocks.0.attn.relative_position_index", DTYPE_I32, 2,
                            (int64_t[]){16, 16}, index_buffer);
@@ -151,13 +153,13 @@ int main(void) {
     size_t got = fread(text, 1, sizeof text - 1, log);
     text[got] = 0;
     fclose(log);
-    const ParamInfo *pw = model_find_param(&c, "layers.0.blocks.0.mlp.fc1.weight");
-    const ParamInfo *qa = model_find_param(&a, "layers.0.blocks.0.mlp.fc1.weight");
-    test_check(
-        rc == 0 && strstr(text, "freshly initialized for 4 classes") &&
-            c.weights[model_find_param(&c, "head.fc.weight")->offset] == head0 &&
-            memcmp(c.weights + pw->offset, a.weights + qa->offset, sizeof(float) * pw->numel) == 0,
-        "num_classes 10 -> 4: body loaded, head kept fresh, notice printed");
+    const Param *pw = model_find_param(&c, "layers.0.blocks.0.mlp.fc1.weight");
+    const Param *qa = model_find_param(&a, "layers.0.blocks.0.mlp.fc1.weight");
+    test_check(rc == 0 && strstr(text, "freshly initialized for 4 classes") &&
+                   c.weights[model_find_param(&c, "head.fc.weight")->offset] == head0 &&
+                   memcmp(c.weights + pw->offset, a.weights + qa->offset,
+                          sizeof(float) * tensor_numel(&pw->t)) == 0,
+               "num_classes 10 -> 4: body loaded, head kept fresh, notice printed");
     model_destroy(&c);
   }
 

@@ -188,14 +188,14 @@ static void compare_case(const char *name, const Config *cfg, int B, const Toler
   double num = 0, den = 0, worst = 0;
   const char *worst_name = "";
   for (int p = 0; p < shape.num_params; p++) {
-    const ParamInfo *info = &shape.params[p];
+    const Param *info = &shape.params[p];
     const float *g = got.grads + info->offset, *w = want.grads + info->offset;
-    double e = test_rel_err(g, w, info->numel);
-    for (int64_t i = 0; i < info->numel; i++) {
+    double e = test_rel_err(g, w, tensor_numel(&info->t));
+    for (int64_t i = 0; i < tensor_numel(&info->t); i++) {
       num += ((double)g[i] - w[i]) * ((double)g[i] - w[i]);
       den += (double)w[i] * w[i];
     }
-    if (!(e <= worst)) worst = e, worst_name = info->name;  // NaN counts as worst
+    if (!(e <= worst)) worst = e, worst_name = info->t.name;  // NaN counts as worst
   }
   double e_all = sqrt(num / (den > 0 ? den : 1));
   test_check(e_all <= tol->grads, "%s %s all %d gradients together: rel err %.2e (tol %.0e)", name,

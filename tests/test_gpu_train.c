@@ -165,18 +165,18 @@ static void test_fp16_overflow(void) {
   }
   int changed = 0, nonzero_moments = 0;
   for (int i = 0; i < m.num_params; i++) {
-    const ParamInfo *p = &m.params[i];
-    const SafeTensorEntry *e = safetensors_find(&st, p->name);
+    const Param *p = &m.params[i];
+    const SafeTensorEntry *e = safetensors_find(&st, p->t.name);
     if (!e || memcmp(safetensors_entry_data(&st, e), m.weights + p->offset,
-                     sizeof(float) * (size_t)p->numel) != 0)
+                     sizeof(float) * (size_t)tensor_numel(&p->t)) != 0)
       changed++;
     const char *prefix[2] = {"optim.exp_avg.", "optim.exp_avg_sq."};
     for (int k = 0; k < 2; k++) {
       char name[160];
-      snprintf(name, sizeof name, "%s%s", prefix[k], p->name);
+      snprintf(name, sizeof name, "%s%s", prefix[k], p->t.name);
       const SafeTensorEntry *me = safetensors_find(&st, name);
       const float *x = me ? safetensors_entry_data(&st, me) : NULL;
-      for (int64_t j = 0; x && j < p->numel; j++) nonzero_moments += x[j] != 0;
+      for (int64_t j = 0; x && j < tensor_numel(&p->t); j++) nonzero_moments += x[j] != 0;
       if (!x) nonzero_moments++;
     }
   }

@@ -134,10 +134,10 @@ static void test_gradients(void) {
   const char *worst_name = "";
   int failures = 0;
   for (int p = 0; p < m.num_params; p++) {
-    const ParamInfo *info = &m.params[p];
+    const Param *info = &m.params[p];
     float *w = m.weights + info->offset;
     const float *g = grads + info->offset;
-    int64_t n = info->numel;
+    int64_t n = tensor_numel(&info->t);
     double *V = malloc(sizeof(double) * n), vnorm = 0, gnorm = 0, analytic = 0;
     for (int64_t i = 0; i < n; i++) V[i] = test_rng_uniform(&rng, -1, 1), vnorm += V[i] * V[i];
     vnorm = sqrt(vnorm);
@@ -154,11 +154,11 @@ static void test_gradients(void) {
     double d2 = directional(&m, images, R, B, step, w, saved, V, n, 2 * h);
     double numeric = (4 * d1 - d2) / 3;
     double e = fabs(numeric - analytic) / (gnorm > 1e-3 ? gnorm : 1e-3);
-    if (e > worst) worst = e, worst_name = info->name;
+    if (e > worst) worst = e, worst_name = info->t.name;
     if (e > tol) {
       failures++;
-      test_check(0, "grad %-46s numeric %.6e analytic %.6e |g| %.3e err %.2e", info->name, numeric,
-                 analytic, gnorm, e);
+      test_check(0, "grad %-46s numeric %.6e analytic %.6e |g| %.3e err %.2e", info->t.name,
+                 numeric, analytic, gnorm, e);
     }
     free(V);
     free(saved);
@@ -170,11 +170,10 @@ static void test_gradients(void) {
 
   // The check can fail: a gradient off by 1% in one tensor is caught.
   {
-    const ParamInfo *info =
-        model_find_param(&m, "layers.0.blocks.1.attn.relative_position_bias_table");
+    const Param *info = model_find_param(&m, "layers.0.blocks.1.attn.relative_position_bias_table");
     test_check(info != NULL, "bias table of a shifted block exists");
     if (info) {
-      int64_t n = info->numel;
+      int64_t n = tensor_numel(&info->t);
       float *w = m.weights + info->offset;
       const float *g = grads + info->offset;
       double analytic = 0, gn = 0;
@@ -383,8 +382,69 @@ static void test_backend_limits(void) {
   backend_destroy(&cpu);
 }
 
+// The parameter table of Swin-T: every row a Param whose tensor describes it (F32, the shape's
+// size adding up to the count), with timm's initialization and decay for its kind of tensor,
+// decided here from the name independently of model.c's walk; views over a buffer land at the
+// row's offset.
+static bool has_suffix(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static void test_param_table(void) {
+  Config c = test_model_config((TestModel){.img_h = 224,
+                                           .chans = 3,
+                                           .patch = 4,
+                                           .embed = 96,
+                                           .window = 7,
+                                           .classes = 1000,
+                                           .depths = {2, 2, 6, 2},
+                                           .heads = {3, 6, 12, 24}});
+  Model m;
+  Error err;
+  if (model_create(&m, &c, NULL, 0, &err) != 0) {
+    test_check(0, "model_create: %s", err.msg);
+    return;
+  }
+  int64_t total = 0, bad_init = 0, bad_decay = 0, bad_view = 0;
+  const char *first_bad = "";
+  float *buffer = m.weights;
+  for (int i = 0; i < m.num_params; i++) {
+    const Param *p = &m.params[i];
+    const char *n = p->t.name;
+    total += tensor_numel(&p->t);
+    ParamInit want = PARAM_INIT_TRUNC_NORMAL;
+    if (strncmp(n, "patch_embed.proj.", 17) == 0)
+      want = PARAM_INIT_CONV_UNIFORM;
+    else if (strstr(n, "norm"))
+      want = has_suffix(n, ".weight") ? PARAM_INIT_ONE : PARAM_INIT_ZERO;
+    else if (has_suffix(n, ".bias"))
+      want = PARAM_INIT_ZERO;
+    bool decay = p->t.ndim > 1 && !strstr(n, "relative_position_bias_table");
+    Tensor v = model_param_view(&m, i, buffer);
+    bool view_ok = v.data == (void *)(buffer + p->offset) && tensor_same_shape(&v, &p->t) &&
+                   strcmp(v.name, n) == 0 && p->t.data == NULL && p->t.dtype == DTYPE_F32;
+    if (p->init != want || p->decay != decay || !view_ok) {
+      bad_init += p->init != want, bad_decay += p->decay != decay, bad_view += !view_ok;
+      if (!*first_bad) first_bad = n;
+    }
+  }
+  test_check(total == m.num_values && bad_init == 0 && bad_decay == 0 && bad_view == 0,
+             "Swin-T parameter table: %d tensors, %lld values (want %lld); init wrong in %lld, "
+             "decay wrong in %lld, views wrong in %lld (first: %s)",
+             m.num_params, (long long)total, (long long)m.num_values, (long long)bad_init,
+             (long long)bad_decay, (long long)bad_view, first_bad);
+  const Param *qkv = model_find_param(&m, "layers.2.blocks.5.attn.qkv.weight");
+  char text[160] = "";
+  if (qkv) tensor_describe(&qkv->t, text, sizeof text);
+  test_check(strcmp(text, "layers.2.blocks.5.attn.qkv.weight (1152, 384) F32") == 0,
+             "a row describes itself: %s", text);
+  model_destroy(&m);
+}
+
 int main(void) {
   test_param_counts();
+  test_param_table();
   test_gradients();
   test_split_batch();
   test_grads_ready();

@@ -270,33 +270,33 @@ static void check_parameters(const OnnxModel *om, const Model *m, bool f16, cons
   int missing = 0, wrong = 0, orphan = 0, tables = 0;
   char first[256] = "";
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    const OnnxTensor *t = onnx_find_initializer(om, p->name);
-    if (is_table(p->name)) {
+    const Param *p = &m->params[i];
+    const OnnxTensor *t = onnx_find_initializer(om, p->t.name);
+    if (is_table(p->t.name)) {
       tables += t != NULL;
       continue;
     }
-    bool same_shape = t && t->ndim == p->ndim;
-    for (int d = 0; same_shape && d < p->ndim; d++) same_shape = t->dims[d] == p->shape[d];
+    bool same_shape = t && t->ndim == p->t.ndim;
+    for (int d = 0; same_shape && d < p->t.ndim; d++) same_shape = t->dims[d] == p->t.shape[d];
     if (!t) {
-      if (!missing++ && !first[0]) snprintf(first, sizeof first, "missing %s", p->name);
+      if (!missing++ && !first[0]) snprintf(first, sizeof first, "missing %s", p->t.name);
       continue;
     }
-    if (!same_shape || !tensor_equals(t, m->weights + p->offset, p->numel, f16)) {
-      if (!wrong++ && !first[0]) snprintf(first, sizeof first, "differs: %s", p->name);
+    if (!same_shape || !tensor_equals(t, m->weights + p->offset, tensor_numel(&p->t), f16)) {
+      if (!wrong++ && !first[0]) snprintf(first, sizeof first, "differs: %s", p->t.name);
     }
     // The consumer is the module: name minus .weight / .bias.
     char module[ONNX_NAME_MAX];
-    snprintf(module, sizeof module, "%.*s", (int)(strrchr(p->name, '.') - p->name), p->name);
+    snprintf(module, sizeof module, "%.*s", (int)(strrchr(p->t.name, '.') - p->t.name), p->t.name);
     const OnnxNode *n = onnx_find_node(om, module);
     bool consumes = false;
-    for (int k = 0; n && k < n->num_inputs; k++) consumes |= !strcmp(n->inputs[k], p->name);
+    for (int k = 0; n && k < n->num_inputs; k++) consumes |= !strcmp(n->inputs[k], p->t.name);
     const char *op = !strcmp(module, "patch_embed.proj") ? "Conv"
                      : strstr(module, "norm")            ? "LayerNormalization"
                                                          : "Gemm";
     if (!consumes || strcmp(n->op_type, op) != 0) {
       if (!orphan++ && !first[0])
-        snprintf(first, sizeof first, "node '%s' (%s) does not take %s", module, op, p->name);
+        snprintf(first, sizeof first, "node '%s' (%s) does not take %s", module, op, p->t.name);
     }
   }
   test_check(!missing && !wrong && !orphan && !tables,

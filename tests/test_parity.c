@@ -33,10 +33,10 @@ static const float *tensor(const SafeTensors *st, const char *name, int64_t nume
 static bool load_params(const SafeTensors *st, const Model *m, const char *prefix, float *dst) {
   for (int i = 0; i < m->num_params; i++) {
     char name[160];
-    snprintf(name, sizeof name, "%s%s", prefix, m->params[i].name);
-    const float *src = tensor(st, name, m->params[i].numel);
+    snprintf(name, sizeof name, "%s%s", prefix, m->params[i].t.name);
+    const float *src = tensor(st, name, tensor_numel(&m->params[i].t));
     if (!src) return false;
-    memcpy(dst + m->params[i].offset, src, sizeof(float) * (size_t)m->params[i].numel);
+    memcpy(dst + m->params[i].offset, src, sizeof(float) * (size_t)tensor_numel(&m->params[i].t));
   }
   return true;
 }
@@ -51,11 +51,11 @@ static void compare_params(const SafeTensors *st, const Model *m, const char *pr
   const char *worst_name = "";
   int bad = 0;
   for (int i = 0; i < m->num_params; i++) {
-    const ParamInfo *p = &m->params[i];
-    double e = test_rel_err(got + p->offset, want + p->offset, p->numel);
-    if (e > worst) worst = e, worst_name = p->name;
+    const Param *p = &m->params[i];
+    double e = test_rel_err(got + p->offset, want + p->offset, tensor_numel(&p->t));
+    if (e > worst) worst = e, worst_name = p->t.name;
     if (e > tol)
-      bad++, test_check(0, "%s %s%s rel_err %.3e (tol %.0e)", what, prefix, p->name, e, tol);
+      bad++, test_check(0, "%s %s%s rel_err %.3e (tol %.0e)", what, prefix, p->t.name, e, tol);
   }
   test_check(bad == 0, "%-28s %-10s all %d tensors, worst rel_err %.2e (%s), tol %.0e",
              strrchr(st->path, '/') + 1, what, m->num_params, worst, worst_name, tol);

@@ -111,15 +111,15 @@ static void seed_weights(const char *tmp) {
   safetensors_writer_init(&w);
   char(*names)[128] = malloc_check(sizeof *names * (size_t)m.num_params);
   for (int i = 0; i < m.num_params; i++) {
-    const ParamInfo *p = &m.params[i];
+    const Param *p = &m.params[i];
     int stage, n = 0;
-    if (sscanf(p->name, "layers.%d.downsample.%n", &stage, &n) == 1 && n > 0)
-      snprintf(names[i], sizeof names[i], "layers.%d.downsample.%s", stage - 1, p->name + n);
-    else if (strncmp(p->name, "head.fc.", 8) == 0)
-      snprintf(names[i], sizeof names[i], "head.%s", p->name + 8);
+    if (sscanf(p->t.name, "layers.%d.downsample.%n", &stage, &n) == 1 && n > 0)
+      snprintf(names[i], sizeof names[i], "layers.%d.downsample.%s", stage - 1, p->t.name + n);
+    else if (strncmp(p->t.name, "head.fc.", 8) == 0)
+      snprintf(names[i], sizeof names[i], "head.%s", p->t.name + 8);
     else
-      snprintf(names[i], sizeof names[i], "%s", p->name);
-    safetensors_writer_add(&w, names[i], DTYPE_F32, p->ndim, p->shape, m.weights + p->offset);
+      snprintf(names[i], sizeof names[i], "%s", p->t.name);
+    safetensors_writer_add(&w, names[i], DTYPE_F32, p->t.ndim, p->t.shape, m.weights + p->offset);
   }
   snprintf(path, sizeof path, "%s/official.safetensors", tmp);
   if (safetensors_writer_save(&w, path, &err) != 0) exit(1);
