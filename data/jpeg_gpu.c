@@ -435,8 +435,8 @@ static int queue_decode(JpegGpu *d, const TransformPlan *plans, uint8_t *dst,
   }
   CUDA_TRY(cudaEventRecord(d->marks[1], d->stream));
   if (plans)
-    CUDA_TRY(resize_batch_cuda(d->device_pixels.ptr, d->device_packed.ptr, batch,
-                               d->device_tmp.ptr, dst ? dst : d->device_out.ptr, d->stream));
+    CUDA_TRY(resize_batch_cuda(d->device_pixels.ptr, d->device_packed.ptr, batch, d->device_tmp.ptr,
+                               dst ? dst : d->device_out.ptr, d->stream));
   CUDA_TRY(cudaEventRecord(d->marks[2], d->stream));
   *decoded = true;
   return 0;

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"

@@ -1,5 +1,5 @@
 // transform.h: the data pipeline's private interfaces: image transforms on uint8 HWC images, and
-// the Dataset facts the loader needs from dataset.c.
+// the Dataset facts the loader needs beyond data/dataset.h.
 //
 // The train transform is timm's: RandomResizedCrop (crop, then Pillow's resize with
 // data.interpolation) + horizontal flip, then RandAugment or, without it, ColorJitter. The eval
@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/dataset.h"
 #include "data/image_ops.h"
-#include "data/loader.h"
 #include "data/randaugment.h"
 #include "kernels/image_aug.h"
 #include "kernels/resize.h"
@@ -110,10 +110,10 @@ bool transform_has_color(const TransformParams *p);
 void transform_eval(const TransformParams *p, const uint8_t *src, int h, int w, uint8_t *dst);
 
 // Bytes of one transformed sample, img_h * img_w * in_chans (the Dataset struct is private to
-// dataset.c; the loader sizes its batch buffers with this).
+// the dataset files, data/dataset_internal.h; the loader sizes its batch buffers with this).
 int64_t dataset_sample_bytes(const Dataset *ds);
 
-// The loader's nvJPEG path splits dataset_load_decoded_sample (data/loader.h) around the GPU.
+// The loader's nvJPEG path splits dataset_load_decoded_sample (data/dataset.h) around the GPU.
 // dataset_plan_sample: sample i's plan for its own file decoded to (h, w), drawn from
 // rng_make(seed, RNG_STREAM_AUGMENT, epoch, i) as dataset_load_sample draws it; *rng is left
 // where the colour draws begin. dataset_plan_colour: the colour part (train) as *nsteps steps

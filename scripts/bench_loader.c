@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/dataset.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "src/config.h"

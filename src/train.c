@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "data/batch_augment.h"
+#include "data/dataset.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "dist/reducer.h"
@@ -148,8 +149,9 @@ static void stage_batch(Trainer *t, int slot, const Batch *b) {
   size_t pixel_bytes = (size_t)b->count * cfg->img_h * cfg->img_w * cfg->in_chans;
   void *dst[3] = {t->pixels[slot], t->labels[slot], NULL};
   // From the loader's device batch where it decodes on this GPU (data/loader.h).
-  const void *src[3] = {b->device_pixels && t->train_opt.device_batch ? b->device_pixels : b->pixels,
-                        b->labels, NULL};
+  const void *src[3] = {
+      b->device_pixels && t->train_opt.device_batch ? b->device_pixels : b->pixels, b->labels,
+      NULL};
   size_t bytes[3] = {pixel_bytes, sizeof(int) * (size_t)b->count, 0};
   int count = 2;
   if (t->soft && slot < EVAL_SLOT) {  // the soft targets of this training batch travel with it
@@ -575,12 +577,13 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   loader_sizing_describe(&opt.sizing, sizing, sizeof sizing);
   printf("loader: %s\n", sizing);
   if (strcmp(loader_decoder(t->loader), "stb") != 0)
-    printf("decoder: %s (one decoder per loader worker, %d); decode, crop, resize, flip and "
-           "colour on the GPU, into the ring's %d batches on the device (%.1f MiB beside the "
-           "table above)%s\n",
-           loader_decoder(t->loader), opt.workers, opt.prefetch,
-           (double)opt.prefetch * opt.batch_size * cfg->img_h * cfg->img_w * cfg->in_chans / (1 << 20),
-           opt.device_batch ? "" : ", copied back to the host");
+    printf(
+        "decoder: %s (one decoder per loader worker, %d); decode, crop, resize, flip and "
+        "colour on the GPU, into the ring's %d batches on the device (%.1f MiB beside the "
+        "table above)%s\n",
+        loader_decoder(t->loader), opt.workers, opt.prefetch,
+        (double)opt.prefetch * opt.batch_size * cfg->img_h * cfg->img_w * cfg->in_chans / (1 << 20),
+        opt.device_batch ? "" : ", copied back to the host");
   t->steps_per_epoch = loader_batches_per_epoch(t->loader);
   if (t->steps_per_epoch < 1) {
     error_set(err,
@@ -818,9 +821,10 @@ static void warn_data_wait(const Trainer *t, double data_wait) {
     snprintf(hint + n, sizeof hint - n,
              "; data.decoder=nvjpeg (device=cuda, a build with nvJPEG) decodes and augments on "
              "the GPU");
-  printf("warning: the device waited for batches %.0f%% of the time up to step %lld: the data "
-         "loader, not the model, sets this run's speed\nHINT: %s\n",
-         100 * data_wait, (long long)t->state.step, hint);
+  printf(
+      "warning: the device waited for batches %.0f%% of the time up to step %lld: the data "
+      "loader, not the model, sets this run's speed\nHINT: %s\n",
+      100 * data_wait, (long long)t->state.step, hint);
 }
 
 static int log_progress(Trainer *t, const OptimState *s, double lr, double img_s, double eta,
@@ -863,8 +867,8 @@ static int stop_agreed(Trainer *t, bool *stop, Error *err) {
 // then the same step on the last batch, resident, for the upper bound beside it.
 
 typedef struct {
-  double t0, seconds;          // the timed steps' wall time
-  double waited0, waited;      // the data wait's total at the start, and over the steps
+  double t0, seconds;      // the timed steps' wall time
+  double waited0, waited;  // the data wait's total at the start, and over the steps
   LoaderStageTimes stages0, stages;
   int64_t step0, steps;
   bool done;
@@ -928,29 +932,32 @@ static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
   const char *decoder = loader_decoder(t->loader);
   const LoaderOptions *o = &t->train_opt;
   double per_image = r->stages.images > 0 ? 1e3 / (double)r->stages.images : 0;
-  printf("\nbench e2e: %s, %s, %d workers, ring of %d; %lld timed steps (%lld epochs of %lld "
-         "steps) after %d warm-up steps\n",
-         dataset, decoder, o->workers, o->prefetch, (long long)r->steps,
-         (long long)((r->steps + t->steps_per_epoch - 1) / t->steps_per_epoch),
-         (long long)t->steps_per_epoch, cfg->bench_warmup);
-  printf("  end to end        %9.1f img/s  %7.2f ms/step\n", img_s,
-         1e3 * v[0] / (double)r->steps);
-  printf("  resident batch    %9.1f img/s  %7.2f ms/step  (the same step, no loader: an upper "
-         "bound)\n",
-         resident_img_s, 1e3 * v[2] / resident_steps);
+  printf(
+      "\nbench e2e: %s, %s, %d workers, ring of %d; %lld timed steps (%lld epochs of %lld "
+      "steps) after %d warm-up steps\n",
+      dataset, decoder, o->workers, o->prefetch, (long long)r->steps,
+      (long long)((r->steps + t->steps_per_epoch - 1) / t->steps_per_epoch),
+      (long long)t->steps_per_epoch, cfg->bench_warmup);
+  printf("  end to end        %9.1f img/s  %7.2f ms/step\n", img_s, 1e3 * v[0] / (double)r->steps);
+  printf(
+      "  resident batch    %9.1f img/s  %7.2f ms/step  (the same step, no loader: an upper "
+      "bound)\n",
+      resident_img_s, 1e3 * v[2] / resident_steps);
   printf("  end to end / resident  %.3f;  data wait %.1f%% of the time\n", img_s / resident_img_s,
          100 * wait);
   printf("  loader, ms per image and stage (summed over workers; %s):\n   ",
          o->gpu_decode ? "device time for what runs on the GPU" : "host time");
   for (int k = 0; k < LOADER_STAGES; k++)
     printf(" %s %.3f", loader_stage_names[k], r->stages.seconds[k] * per_image);
-  printf("\n{\"bench\": \"e2e\", \"dataset\": \"%s\", \"decoder\": \"%s\", \"workers\": %d, "
-         "\"prefetch\": %d, \"batch\": %d, \"steps\": %lld, \"img_s\": %.1f, "
-         "\"synthetic_img_s\": %.1f, \"ratio\": %.4f, \"data_wait\": %.4f, \"stages_ms\": {",
-         dataset, decoder, o->workers, o->prefetch, cfg->batch_size, (long long)r->steps, img_s,
-         resident_img_s, img_s / resident_img_s, wait);
+  printf(
+      "\n{\"bench\": \"e2e\", \"dataset\": \"%s\", \"decoder\": \"%s\", \"workers\": %d, "
+      "\"prefetch\": %d, \"batch\": %d, \"steps\": %lld, \"img_s\": %.1f, "
+      "\"synthetic_img_s\": %.1f, \"ratio\": %.4f, \"data_wait\": %.4f, \"stages_ms\": {",
+      dataset, decoder, o->workers, o->prefetch, cfg->batch_size, (long long)r->steps, img_s,
+      resident_img_s, img_s / resident_img_s, wait);
   for (int k = 0; k < LOADER_STAGES; k++)
-    printf("%s\"%s\": %.4f", k ? ", " : "", loader_stage_names[k], r->stages.seconds[k] * per_image);
+    printf("%s\"%s\": %.4f", k ? ", " : "", loader_stage_names[k],
+           r->stages.seconds[k] * per_image);
   printf("}}\n");
   fflush(stdout);
   return 0;

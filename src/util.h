@@ -42,12 +42,12 @@ unsigned char *read_file(const char *path, size_t *size, Error *err);
 // complete: write_contents fills PATH.tmp (returning 0, or -1 with errno set by the write that
 // failed), which is flushed, fsynced and renamed over PATH, and then PATH's directory is fsynced
 // (the rename lives there). A PATH that exists and is not a regular file (a directory, a
-// device such as /dev/null, a FIFO) is refused first. On failure the temp file is removed (an existing PATH.tmp that could
-// not be opened, such as a directory, is left alone) and err reads "cannot save 'PATH': ..." with
-// the failed step, the temp file, the cause and, for the usual causes (missing directory, full
-// disk, size limit, permissions), a HINT; a failed directory sync, after the rename, reads
-// "saved 'PATH' but could not sync its directory ...". A process killed mid-write leaves
-// PATH.tmp behind (checkpoint_remove_stale_temps clears a run directory's).
+// device such as /dev/null, a FIFO) is refused first. On failure the temp file is removed (an
+// existing PATH.tmp that could not be opened, such as a directory, is left alone) and err reads
+// "cannot save 'PATH': ..." with the failed step, the temp file, the cause and, for the usual
+// causes (missing directory, full disk, size limit, permissions), a HINT; a failed directory sync,
+// after the rename, reads "saved 'PATH' but could not sync its directory ...". A process killed
+// mid-write leaves PATH.tmp behind (checkpoint_remove_stale_temps clears a run directory's).
 typedef int (*FileWriteFn)(FILE *f, const void *ctx);
 int write_file_atomic(const char *path, FileWriteFn write_contents, const void *ctx, Error *err);
 

@@ -16,6 +16,7 @@
 #include <malloc.h>  // mallopt(M_PERTURB): test_png_forbidden_distance
 #endif
 
+#include "data/dataset.h"
 #include "data/image.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
@@ -70,7 +71,7 @@ static void put_le32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-// Bit-at-a-time CRC-32, written independently of dataset.c's table version.
+// Bit-at-a-time CRC-32, written independently of data/gzip.c's table version.
 static uint32_t crc32_ref(const uint8_t *p, size_t n) {
   uint32_t c = 0xFFFFFFFFu;
   for (size_t i = 0; i < n; i++) {

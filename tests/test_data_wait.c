@@ -38,8 +38,8 @@ int main(void) {
   test_check(strstr(buf, "data.workers") && strstr(buf, "data.prefetch"),
              "keys that were set are named: %s", buf);
   int online = 0, cores = loader_process_cores(&online);
-  test_check(cores >= 1 && online >= 1 && cores <= online,
-             "loader_process_cores: %d of %d online", cores, online);
+  test_check(cores >= 1 && online >= 1 && cores <= online, "loader_process_cores: %d of %d online",
+             cores, online);
 
   // A step waits min(device idle, host blocked): idle with the batch ready is the host's own
   // pause, blocked while the device computed costs nothing.

@@ -23,6 +23,7 @@
 #include <math.h>
 #include <sys/stat.h>
 
+#include "data/dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
 #include "dist/comm.h"

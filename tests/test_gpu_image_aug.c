@@ -1,8 +1,8 @@
 // test_gpu_image_aug.c: image_aug_batch_cuda against image_aug_batch_cpu (kernels/image_aug.h;
 // the CPU form is checked against the Pillow-exact CPU path by tests/test_image_aug.c) on the same
 // inputs: batches of 128 textured 224x224 images, RGB and gray, with every op at fixed arguments
-// (tests/util/test_image_aug.h's cases: each case in some image's list, and one batch per kind of step
-// where every image runs the same one), and random draws from rand-m9-mstd0.5-inc1 and
+// (tests/util/test_image_aug.h's cases: each case in some image's list, and one batch per kind of
+// step where every image runs the same one), and random draws from rand-m9-mstd0.5-inc1 and
 // ColorJitter 0.4. Tolerance 0 bytes: the kernels run the CPU form's per-pixel code, compiled
 // with --fmad=false, and exact integer histograms. The images are updated in place, so the
 // scratch buffer is what gets poisoned: 0xAB before one run, 0x00 before a second (which is also

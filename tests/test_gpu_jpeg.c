@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/image.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"

@@ -571,8 +571,7 @@ static void test_atomic_save(TestRng *rng) {
   snprintf(tmp, sizeof tmp, "%s.tmp", dir_path);
   test_check(rc == -1 && strstr(err.msg, "not a regular file (a directory)") &&
                  strstr(err.msg, "HINT:") && !path_exists(tmp) && path_exists(inner),
-             "save onto a directory is refused, nothing written, target untouched: %.80s",
-             err.msg);
+             "save onto a directory is refused, nothing written, target untouched: %.80s", err.msg);
   unlink(inner);
   rmdir(dir_path);
   char fifo[256];

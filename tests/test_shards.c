@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/loader.h"
 #include "data/shards.h"
 #include "src/config.h"

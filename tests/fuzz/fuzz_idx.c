@@ -3,7 +3,7 @@
 //
 // Input: a 4-byte little-endian length n, then n bytes of the image file, then the label file.
 #define _XOPEN_SOURCE 700  // tests/fuzz/fuzz.h: mkdtemp, nftw
-#include "data/loader.h"
+#include "data/dataset.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -3,7 +3,7 @@
 //
 // Input: the bytes of the one image file of a one-class dataset.
 #define _XOPEN_SOURCE 700  // tests/fuzz/fuzz.h: mkdtemp, nftw
-#include "data/loader.h"
+#include "data/dataset.h"
 #include "tests/fuzz/fuzz.h"
 
 enum { SIDE = 8 };
