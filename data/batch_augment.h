@@ -2,7 +2,7 @@
 // the mixup / cutmix choice, lambda and box, and building the mixed, label-smoothed soft targets.
 // The kernels that apply them to the normalized batch are kernels/augment.h (CPU and CUDA).
 //
-// Draws are counter-based (src/rng.h), so they depend on the data position, never on threads:
+// Draws are counter-based (src/base/rng.h), so they depend on the data position, never on threads:
 //   erasing, sample s of epoch e:  (seed, RNG_STREAM_ERASE, e, s), fill (.., ERASE_FILL, e, s);
 //   mixup, batch k of epoch e on rank r: (seed, RNG_STREAM_MIXUP + 256 r, e, k).
 // The semantics are timm's:
@@ -35,8 +35,8 @@
 
 #include "data/loader.h"
 #include "kernels/augment.h"
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
 
 typedef struct {
   uint64_t seed;

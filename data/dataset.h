@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
 
 typedef struct Dataset Dataset;
 

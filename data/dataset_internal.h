@@ -24,9 +24,9 @@
 #include "data/dataset.h"
 #include "data/shards.h"
 #include "data/transform.h"
-#include "src/config.h"
-#include "src/rng.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 
 #define PATH_BYTES 4096
 

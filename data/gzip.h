@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 // Whether buf (size bytes) starts with gzip's magic bytes 1f 8b.
 bool gzip_detect(const uint8_t *buf, size_t size);

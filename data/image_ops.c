@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kernels/resize.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>

@@ -44,7 +44,7 @@
 
 #include "data/transform.h"
 #include "kernels/image_aug.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 typedef struct JpegGpu JpegGpu;
 

@@ -26,7 +26,7 @@
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"
-#include "src/rng.h"
+#include "src/base/rng.h"
 
 typedef enum {
   SLOT_FREE,     // may be claimed for the next sequence number that maps to it

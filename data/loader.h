@@ -19,8 +19,14 @@
 #include <stdint.h>
 
 #include "data/dataset.h"
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
+
+// The checks of the data keys that need the data code, after config_validate (src/base/config.h):
+// data.decoder = nvjpeg needs a build with nvJPEG and a gray or RGB model, data.randaugment parses
+// (data/randaugment.h), RandAugment and colour jitter need gray or RGB. Messages start with
+// where the values came from, as config_validate's do.
+int data_config_validate(const Config *cfg, Error *err);
 
 // data.workers = 0 and data.prefetch = 0 (auto), resolved. A process may run on `cores` cores
 // (its CPU affinity: what a launcher's binding or taskset leaves it) of a node whose `online`

@@ -26,8 +26,8 @@
 
 #include "data/image_ops.h"
 #include "kernels/image_aug.h"
-#include "src/rng.h"
-#include "src/util.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 
 // The steps color_jitter_draw makes: brightness, contrast and saturation. (The most a spec's n
 // may ask of randaugment_draw is IMAGE_AUG_MAX_STEPS.)

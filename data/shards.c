@@ -17,7 +17,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "src/rng.h"
+#include "src/base/rng.h"
 
 #define TAR_BLOCK 512
 #define NAME_BYTES 1024

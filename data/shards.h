@@ -15,7 +15,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 typedef struct {
   int num_shards;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 // Python's round() (half to even), as torchvision computes crop sizes with it.
 static int round_half_even(double x) {

@@ -21,7 +21,7 @@
 #include "data/randaugment.h"
 #include "kernels/image_aug.h"
 #include "kernels/resize.h"
-#include "src/rng.h"
+#include "src/base/rng.h"
 
 typedef struct {
   int out_h, out_w, chans;        // output image (out_h, out_w, chans)

@@ -41,24 +41,29 @@ int64_t bucket_floats(double bucket_mb) {
   return floats < 1 ? 1 : floats;
 }
 
-int bucket_plan_model(const Model *m, double bucket_mb, GradBucket **buckets, int *count,
-                      Error *err) {
-  // Each tensor's extent runs to the next tensor's start: the alignment gaps (src/model.h) go
-  // with the tensor before them, so the buckets cover the whole buffer.
-  int64_t *numel = malloc_check(sizeof(int64_t) * (size_t)(m->num_params > 0 ? m->num_params : 1));
-  for (int i = 0; i < m->num_params; i++) {
-    int64_t end = i + 1 < m->num_params ? m->params[i + 1].offset : m->num_floats;
-    if (m->params[i].offset > end || (i == 0 && m->params[0].offset != 0)) {
+int bucket_plan_tensors(const Tensor *tensors, int num_tensors, const float *base,
+                        int64_t num_floats, double bucket_mb, GradBucket **buckets, int *count,
+                        Error *err) {
+  // Each tensor's extent runs to the next tensor's start: alignment gaps go with the tensor
+  // before them, so the buckets cover the whole buffer.
+  int64_t *numel = malloc_check(sizeof(int64_t) * (size_t)(num_tensors > 0 ? num_tensors : 1));
+  for (int i = 0; i < num_tensors; i++) {
+    int64_t start = (const float *)tensors[i].data - base;
+    int64_t end = i + 1 < num_tensors ? (const float *)tensors[i + 1].data - base : num_floats;
+    if (tensors[i].dtype != DTYPE_F32 || start > end || (i == 0 && start != 0) ||
+        start + tensor_numel(&tensors[i]) > end || end > num_floats) {
       free(numel);
-      return error_set(err, "parameter '%s' at float %lld is out of order in the table",
-                       m->params[i].t.name, (long long)m->params[i].offset);
+      return error_set(err,
+                       "gradient tensor '%s' at float %lld is out of order in the table or "
+                       "outside the %lld-float buffer",
+                       tensors[i].name, (long long)start, (long long)num_floats);
     }
-    numel[i] = end - m->params[i].offset;
+    numel[i] = end - start;
   }
   int64_t max_floats = bucket_floats(bucket_mb);
-  *count = bucket_plan(numel, m->num_params, max_floats, NULL);
+  *count = bucket_plan(numel, num_tensors, max_floats, NULL);
   *buckets = malloc_check(sizeof(GradBucket) * (size_t)(*count > 0 ? *count : 1));
-  bucket_plan(numel, m->num_params, max_floats, *buckets);
+  bucket_plan(numel, num_tensors, max_floats, *buckets);
   free(numel);
   return 0;
 }

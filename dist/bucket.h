@@ -1,6 +1,6 @@
 // bucket.h: gradient buckets, the pieces in which gradients are all-reduced while backward runs.
 //
-// The parameters lie end to end in one flat buffer in forward order (src/model.h), so backward
+// A model's parameters lie end to end in one flat buffer in forward order, so backward
 // fills the gradient buffer from its end towards its start. A bucket is a contiguous range of it;
 // buckets are numbered in the order backward completes them: bucket 0 ends at the end of the
 // buffer and each next bucket ends where the previous one starts. Once backward has written every
@@ -8,8 +8,8 @@
 #pragma once
 #include <stdint.h>
 
-#include "src/model.h"
-#include "src/util.h"
+#include "src/base/tensor.h"
+#include "src/base/util.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,11 +32,14 @@ int bucket_plan(const int64_t *numel, int num_tensors, int64_t max_floats, GradB
 // Floats in a bucket of bucket_mb MiB of fp32 gradients (dist.bucket_mb), at least 1.
 int64_t bucket_floats(double bucket_mb);
 
-// bucket_plan over a model's parameter table with dist.bucket_mb, each tensor extended over the
-// alignment gap after it, so the buckets cover all m->num_floats; *buckets is malloc'ed (free
-// it). Fails if the table is out of order.
-int bucket_plan_model(const Model *m, double bucket_mb, GradBucket **buckets, int *count,
-                      Error *err);
+// bucket_plan over a table of num_tensors tensors that are views, in forward order, into one
+// flat fp32 buffer of num_floats starting at base (a model's gradients), each tensor extended
+// over the gap after it to the next one's start, so the buckets cover all num_floats;
+// *buckets is malloc'ed (free it). Fails, naming the tensor, if the table is out of order or
+// outside the buffer.
+int bucket_plan_tensors(const Tensor *tensors, int num_tensors, const float *base,
+                        int64_t num_floats, double bucket_mb, GradBucket **buckets, int *count,
+                        Error *err);
 
 #ifdef __cplusplus
 }

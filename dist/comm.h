@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,10 +9,10 @@
 #include <ctime>
 
 extern "C" {
-#include "src/util.h"  // util.c is C and its header declares no C linkage of its own
+#include "src/base/util.h"  // util.c is C and its header declares no C linkage of its own
 }
 #include "dist/nccl.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 struct NcclComm {
   ncclComm_t comm;

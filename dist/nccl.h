@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "dist/comm.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 #ifdef SWIN_HAVE_NCCL
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates

@@ -9,12 +9,12 @@
 #include "dist/bucket.h"
 #ifdef SWIN_HAVE_NCCL
 #include "dist/nccl.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 #endif
 
 struct GradReducer {
   Comm *comm;
-  Model *model;
+  GradBuffer g;         // tensors NULL after create
   GradBucket *buckets;  // (num_buckets) in the order backward finishes them
   int num_buckets;
   int next;     // the first bucket of this step not reduced yet
@@ -43,13 +43,8 @@ struct GradReducer {
 
 #define PROFILE_MARKS 256
 
-static bool uses_cuda(const Config *cfg) {
-  return strcmp(cfg->device, "cuda") == 0 ||
-         (strcmp(cfg->device, "auto") == 0 && backend_cuda_usable());
-}
-
-int dist_select_device(Comm *c, const Config *cfg, Error *err) {
-  if (!c->mpi || !uses_cuda(cfg)) return 0;
+int dist_select_device(Comm *c, bool cuda, Error *err) {
+  if (!c->mpi || !cuda) return 0;
 #if defined(SWIN_HAVE_NCCL)
   // NVLink multicast (NVLS) can take a shared machine's GPUs out of service; it stays off unless
   // the user turns it on (NCCL_NVLS_ENABLE=1).
@@ -87,8 +82,7 @@ static int collect_marks(GradReducer *r, Error *err) {
 // (backward has written it and the bucket before it is reduced), the second when its kernels
 // (with bf16, the conversions too) have run.
 static int reduce_bucket_nccl(GradReducer *r, int k, float *data, int64_t count) {
-  Backend *be = r->model->be;
-  be->ops->record_event(be, r->ready[k]);
+  r->g.record_event(r->g.queue, r->ready[k]);
   CUDA_CHECK(cudaStreamWaitEvent(r->stream, r->ready[k], 0));
   if (r->skip) return 0;
   cudaEvent_t *mark = NULL;
@@ -108,7 +102,7 @@ static int reduce_bucket_nccl(GradReducer *r, int k, float *data, int64_t count)
 // same ordering without the reduction.
 static int reduce_bucket(GradReducer *r, int k) {
   const GradBucket *b = &r->buckets[k];
-  float *data = r->model->grads + b->offset;
+  float *data = r->g.grads + b->offset;
 #ifdef SWIN_HAVE_NCCL
   if (r->nccl) return reduce_bucket_nccl(r, k, data, b->count);
 #endif
@@ -119,13 +113,11 @@ static int reduce_bucket(GradReducer *r, int k) {
   return rc;
 }
 
-// Model.grads_ready: every bucket lying wholly at or above lowest is final; reduce those not yet
-// reduced. Buckets are numbered from the end of the buffer down, as backward finishes them.
-// Backward reports 0 last: then every bucket has been queued, and on the GPU the compute stream
-// waits for the communication stream (the join of a captured step) before the update. Only
+// Buckets are numbered from the end of the buffer down, as backward finishes them. The compute
+// queue's wait for the communication stream after the last is the join of a captured step; only
 // device work is queued here, so a captured step holds all of it.
-static void grads_ready(void *ctx, int64_t lowest) {
-  GradReducer *r = ctx;
+void grad_reducer_grads_ready(void *reducer, int64_t lowest) {
+  GradReducer *r = reducer;
   while (!r->failed && r->next < r->num_buckets && r->buckets[r->next].offset >= lowest) {
     if (reduce_bucket(r, r->next) != 0) r->failed = true;
     r->next++;
@@ -140,7 +132,7 @@ static void grads_ready(void *ctx, int64_t lowest) {
       error_set(&r->err, "rank %d: the end of the step's all-reduce: %s", r->comm->rank,
                 cudaGetErrorString(e));
     }
-    r->model->be->ops->wait_event(r->model->be, r->joined);
+    r->g.wait_event(r->g.queue, r->joined);
   }
 #endif
 }
@@ -169,9 +161,10 @@ static int create_nccl(GradReducer *r, Comm *c, const Config *cfg, Error *err) {
 }
 #endif
 
-int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg, Error *err) {
+int grad_reducer_create(GradReducer **out, Comm *c, const GradBuffer *g, const Config *cfg,
+                        Error *err) {
   *out = NULL;
-  bool cuda = m->be->device == DEVICE_CUDA;
+  bool cuda = g->queue != NULL;
   if (!cuda && strcmp(cfg->reduce_dtype, "bf16") == 0)
     return error_set(err,
                      "rank %d: dist.reduce_dtype = bf16 needs the GPU all-reduce (NCCL), but this "
@@ -179,8 +172,10 @@ int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg,
                      c->rank);
   GradReducer *r = calloc_check(1, sizeof *r);
   r->comm = c;
-  r->model = m;
-  if (bucket_plan_model(m, cfg->bucket_mb, &r->buckets, &r->num_buckets, err) != 0) {
+  r->g = *g;
+  r->g.tensors = NULL;
+  if (bucket_plan_tensors(g->tensors, g->num_tensors, g->grads, g->num_floats, cfg->bucket_mb,
+                          &r->buckets, &r->num_buckets, err) != 0) {
     free(r);
     return -1;
   }
@@ -198,18 +193,12 @@ int grad_reducer_create(GradReducer **out, Comm *c, Model *m, const Config *cfg,
                      c->rank);
 #endif
   }
-  m->grads_ready = grads_ready;
-  m->grads_ready_ctx = r;
   *out = r;
   return 0;
 }
 
 void grad_reducer_destroy(GradReducer *r) {
   if (!r) return;
-  if (r->model->grads_ready_ctx == r) {
-    r->model->grads_ready = NULL;
-    r->model->grads_ready_ctx = NULL;
-  }
 #ifdef SWIN_HAVE_NCCL
   if (r->nccl) nccl_comm_destroy(r->nccl);
   for (int k = 0; r->ready && k < r->num_buckets; k++) cudaEventDestroy(r->ready[k]);
@@ -236,7 +225,7 @@ int grad_reducer_finish_step(GradReducer *r, Error *err) {
   }
 #ifdef SWIN_HAVE_NCCL
   if (r->nccl) {
-    r->model->be->ops->record_event(r->model->be, r->reduced[r->steps % 2]);
+    r->g.record_event(r->g.queue, r->reduced[r->steps % 2]);
     r->steps++;
     return nccl_check(r->nccl, err);
   }

@@ -4,7 +4,7 @@
 //
 // Random erasing: sample b with a box (erase[b].h > 0) gets every element of the box replaced by
 // a standard normal (normalized space, so N(0, 1) is noise at the data's own scale). The normal
-// for element i = (y * W + x) * C + c is rng_normal_at(erase[b].fill, i) (src/rng.h): a pure
+// for element i = (y * W + x) * C + c is rng_normal_at(erase[b].fill, i) (src/base/rng.h): a pure
 // function of the sample's fill key and the element index, identical on the CPU and the GPU.
 //
 // Mixup / cutmix pair sample b with sample B-1-b (timm's x.flip(0)); B must be even.
@@ -24,7 +24,7 @@
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
 
-#include "src/rng.h"
+#include "src/base/rng.h"
 
 #ifdef __cplusplus
 extern "C" {

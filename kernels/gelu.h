@@ -1,7 +1,7 @@
 // gelu.h: exact GELU, y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (not the tanh approximation).
 #pragma once
 #include <stdint.h>
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif

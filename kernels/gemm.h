@@ -10,7 +10,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -71,7 +71,7 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 
 // A linear layer for small K of our own (kernels/cuda/gemm_small_k.cu), bf16 only, with the
 // bias and optionally the exact GELU in its epilogue. The model runs its bf16 layers on 96 input
-// features (Swin-T's stage 0: qkv, proj, fc1 with its GELU) on it (src/backend_cuda.cu,
+// features (Swin-T's stage 0: qkv, proj, fc1 with its GELU) on it (src/model/backend_cuda.cu,
 // use_small_k), where it beat linear_forward_cuda + gelu_forward_cuda (kernels/PERF.md,
 // version 12; scripts/bench_gemm_small_k.cu times the two).
 //   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/window.h"
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif

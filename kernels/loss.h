@@ -7,7 +7,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif

@@ -14,7 +14,7 @@
 //   (dy, dx) = (0,0), (1,0), (0,1), (1,1) for k = 0..3.
 #pragma once
 #include <stdint.h>
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif

@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
 
-#include "src/hostdev.h"
+#include "src/base/hostdev.h"
 
 #ifdef __cplusplus
 extern "C" {

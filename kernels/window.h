@@ -1,7 +1,8 @@
 // window.h: cyclic shift + window partition, and its reverse, on channels-last tokens.
 //
 // A stage's feature map is tokens (B, H, W, C). Windows are wh x ww rectangles (wh = min(H,
-// window_size), likewise ww; see build_geometry in src/model.c); shifted blocks roll the map by
+// window_size), likewise ww; see build_geometry in src/model/model.c); shifted blocks roll the map
+// by
 // (-sh, -sw) before partitioning (torch.roll(x, (-sh, -sw), (1, 2))), so shifted[i][j] =
 // x[(i + sh) % H][(j + sw) % W]. Window w = (wi * (W / ww) + wj) for windows row wi, column wj;
 // inside a window, token t = r * ww + c. Windows of all images are stacked:
@@ -11,7 +12,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "src/hostdev.h"
+#include "src/base/hostdev.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,7 +11,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "optim/clip.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

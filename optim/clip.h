@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "src/hostdev.h"
+#include "src/base/hostdev.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif

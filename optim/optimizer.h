@@ -9,8 +9,8 @@
 #include <stdint.h>
 
 #include "optim/clip.h"
-#include "src/hostdev.h"
-#include "src/tensor.h"
+#include "src/base/hostdev.h"
+#include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
 #endif
@@ -29,7 +29,7 @@ typedef struct {
 
 // The update's settings, the same at every step of a run (host values, passed by value: a step
 // captured into a CUDA graph keeps them). The learning rate, which changes every step, is not
-// here: the update reads it from device memory (src/backend.h's StepParams).
+// here: the update reads it from device memory (src/model/backend.h's StepParams).
 typedef struct {
   float beta1, beta2, eps;
   float clip_grad;       // largest global norm, 0 = off

@@ -2,7 +2,7 @@
 //
 // Build and run (from the repo root; not part of the CMake build):
 //   gcc -std=c11 -O3 -march=native -fopenmp -I. scripts/bench_gemm.c kernels/cpu/gemm.c
-//       src/util.c -lm -o /tmp/bench_gemm
+//       src/base/util.c -lm -o /tmp/bench_gemm
 //   OMP_NUM_THREADS=2 /tmp/bench_gemm          # the standard table
 //   OMP_NUM_THREADS=1 /tmp/bench_gemm 0 1 8192 256 64   # one shape: transA transB M N K
 // Each figure is the best of several runs after a warm-up, so it measures the kernel, not page
@@ -18,7 +18,7 @@
 #endif
 
 #include "kernels/gemm.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 static void fill(float *x, int64_t n, uint32_t seed) {
   for (int64_t i = 0; i < n; i++) {

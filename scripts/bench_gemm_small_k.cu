@@ -21,7 +21,7 @@
 
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

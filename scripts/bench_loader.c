@@ -26,8 +26,8 @@
 #include "data/dataset.h"
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
 
 int main(int argc, char **argv) {
   if (argc < 4) {

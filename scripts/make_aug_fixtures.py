@@ -14,7 +14,7 @@ to one safetensors file:
   eval/<img>/<interp>/<oh>x<ow>/<crop_pct>       timm's eval transform (Resize + CenterCrop)
   jitter/<img>/<order>/<b>,<c>,<s>  ColorJitter's adjustments in a given order with given factors
   erase/...                         timm RandomErasing('pixel') driven to given boxes, with the
-                                    per-pixel fill swin.c generates (src/rng.h, ported below)
+                                    per-pixel fill swin.c generates (src/base/rng.h, ported below)
   mixup/..., cutmix/...             timm Mixup('batch') with a given lambda (and cutmix center):
                                     the mixed batch, the corrected lambda and the soft targets
   loss/...                          timm SoftTargetCrossEntropy in float64: loss and gradient
@@ -165,7 +165,7 @@ def jitter_cases(images, tensors):
             tensors[key] = as_array(pil)
 
 
-# ---- swin.c's per-pixel erase fill (src/rng.h), ported to numpy fp32 ----
+# ---- swin.c's per-pixel erase fill (src/base/rng.h), ported to numpy fp32 ----
 
 M32 = 0xFFFFFFFF
 

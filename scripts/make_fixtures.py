@@ -17,7 +17,7 @@ weights and the input are rounded to fp32 values before the float64 run, so both
 exactly the same numbers. Everything is stored as F32 (labels as I32) at the end.
 
 Before writing anything the script also checks the facts about timm that swin.c reproduces: the
-parameter names and shapes (the same list src/model.c builds), the per-side window clamp and
+parameter names and shapes (the same list src/model/model.c builds), the per-side window clamp and
 shift of every block, the relative position index, the shifted-window mask, and the patch-merging
 concatenation order. A difference stops it with a message.
 
@@ -151,7 +151,7 @@ def load_safetensors(path):
 
 
 # ------------------------------------------------------------------------------------------------
-# What swin.c builds for a config (src/model.c), in plain Python
+# What swin.c builds for a config (src/model/model.c), in plain Python
 
 def stage_geometry(cfg):
     """Per stage: token map (H, W), window (wh, ww) and the shift of the odd blocks (sh, sw).
@@ -168,7 +168,7 @@ def stage_geometry(cfg):
 
 
 def expected_params(cfg):
-    """(name, shape) of every parameter in swin.c's order (src/model.c walk_params), which is
+    """(name, shape) of every parameter in swin.c's order (src/model/model.c walk_params), which is
     also timm's state-dict order."""
     E, p, cin = cfg["embed"], cfg["patch"], cfg["in_chans"]
     out = [("patch_embed.proj.weight", (E, cin, p, p)), ("patch_embed.proj.bias", (E,)),
@@ -222,7 +222,7 @@ def shift_mask(H, W, window, shift):
 
 
 def config_ini(cfg, clip):
-    """The fixture's config as swin.c reads it (src/config.h keys)."""
+    """The fixture's config as swin.c reads it (src/base/config.h keys)."""
     def fmt(v):
         return ",".join(str(x) for x in v)
     H, W = cfg["img"]

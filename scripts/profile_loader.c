@@ -20,7 +20,7 @@
 
 #include "data/image.h"
 #include "data/transform.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 enum { MAX_FILES = 100000 };
 
@@ -116,14 +116,14 @@ int main(int argc, char **argv) {
   printf("| read file | %.3f | %.1f%% |\n", 1e3 * t_read / n, 100 * t_read / train);
   printf("| decode (stb_image) | %.3f | %.1f%% |\n", 1e3 * t_decode / n, 100 * t_decode / train);
   printf("| RandomResizedCrop + flip | %.3f | %.1f%% |\n", 1e3 * t_crop / n, 100 * t_crop / train);
-  printf("| RandAugment m9 mstd0.5 inc1 | %.3f | %.1f%% |\n", 1e3 * t_aug / n,
-         100 * t_aug / train);
+  printf("| RandAugment m9 mstd0.5 inc1 | %.3f | %.1f%% |\n", 1e3 * t_aug / n, 100 * t_aug / train);
   printf("| train total | %.3f | %.0f img/s per core |\n", 1e3 * train / n, n / train);
   printf("| eval resize + center crop (after decode) | %.3f | |\n", 1e3 * t_eval / n);
-  printf("RandomResizedCrop boxes a scaled decode could serve: 1/2 %.1f%%, 1/4 %.1f%%, "
-         "1/8 %.1f%%; full size needed %.1f%%\n",
-         100.0 * scalable[1] / n, 100.0 * scalable[2] / n, 100.0 * scalable[3] / n,
-         100.0 * scalable[0] / n);
+  printf(
+      "RandomResizedCrop boxes a scaled decode could serve: 1/2 %.1f%%, 1/4 %.1f%%, "
+      "1/8 %.1f%%; full size needed %.1f%%\n",
+      100.0 * scalable[1] / n, 100.0 * scalable[2] / n, 100.0 * scalable[3] / n,
+      100.0 * scalable[0] / n);
   // Each RandAugment op at magnitude 9 on a decoded, cropped image, both interpolations for the
   // geometric ones (RandAugment picks one of them at random).
   uint8_t *scratch = malloc((size_t)size * size * 3), *work = malloc((size_t)size * size * 3);

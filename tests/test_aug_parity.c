@@ -21,7 +21,7 @@
 #include "data/transform.h"
 #include "kernels/augment.h"
 #include "kernels/loss.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/util/test_util.h"
 
 #ifndef SWIN_SOURCE_DIR

@@ -6,7 +6,7 @@
 
 #include "data/batch_augment.h"
 #include "kernels/augment.h"
-#include "src/rng.h"
+#include "src/base/rng.h"
 #include "tests/util/test_util.h"
 
 // rng_normal_at recomputed with libm in double from the same Philox bits.

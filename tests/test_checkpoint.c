@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "src/checkpoint.h"
-#include "src/import.h"
-#include "src/metrics.h"
-#include "src/runlock.h"
-#include "src/safetensors.h"
+#include "src/app/metrics.h"
+#include "src/app/runlock.h"
+#include "src/io/checkpoint.h"
+#include "src/io/import.h"
+#include "src/io/safetensors.h"
 #include "tests/util/test_model_config.h"
 #include "tests/util/test_util.h"
 

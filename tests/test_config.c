@@ -9,8 +9,9 @@
 #include <unistd.h>
 
 #include "data/jpeg_gpu.h"
-#include "src/config.h"
-#include "src/config_keys.h"
+#include "data/loader.h"
+#include "src/base/config.h"
+#include "src/base/config_keys.h"
 #include "tests/util/test_util.h"
 
 static char tmp_dir[256];
@@ -402,7 +403,8 @@ static int validate_with(Error *err, const char *const *overrides) {
       test_check(false, "override '%s' should parse: %s", overrides[i], err->msg);
       return 0;
     }
-  return config_validate(&c, err);
+  if (config_validate(&c, err) != 0) return -1;
+  return data_config_validate(&c, err);
 }
 #define VALIDATE_WITH(err, ...) validate_with((err), (const char *const[]){__VA_ARGS__, NULL})
 

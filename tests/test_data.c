@@ -21,8 +21,8 @@
 #include "data/jpeg_gpu.h"
 #include "data/loader.h"
 #include "data/transform.h"
-#include "src/rng.h"
-#include "src/util.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 #include "tests/util/test_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION

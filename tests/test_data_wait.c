@@ -1,7 +1,7 @@
 // test_data_wait.c: the loader's automatic sizing (data.workers / data.prefetch = 0) and the
-// data wait's accounting (src/data_wait.h), on the CPU.
+// data wait's accounting (src/app/data_wait.h), on the CPU.
 #include "data/loader.h"
-#include "src/data_wait.h"
+#include "src/app/data_wait.h"
 #include "tests/util/test_util.h"
 
 static void check_sizing(int workers_key, int prefetch_key, int cores, int online, int local,

@@ -15,13 +15,14 @@
 #define _POSIX_C_SOURCE 200809L  // nanosleep, kill
 #include <mpi.h>
 #include <signal.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "dist/bucket.h"
 #include "dist/comm.h"
-#include "src/config.h"
-#include "src/model.h"
+#include "src/base/config.h"
+#include "src/model/model.h"
 #include "tests/util/test_dist_util.h"
 #include "tests/util/test_util.h"
 
@@ -348,9 +349,26 @@ static void test_bucket_plan(void) {
   }
   GradBucket *b;
   int nb;
-  int rc = bucket_plan_model(&m, cfg.bucket_mb, &b, &nb, &err);
+  Tensor *grads = malloc_check(sizeof(Tensor) * (size_t)m.num_params);
+  float *buffer = malloc_check(sizeof(float) * (size_t)m.num_floats);  // a model without backend
+  for (int i = 0; i < m.num_params; i++) grads[i] = model_param_view(&m, i, buffer);
+  int rc =
+      bucket_plan_tensors(grads, m.num_params, buffer, m.num_floats, cfg.bucket_mb, &b, &nb, &err);
+  // A table out of order is refused, naming the tensor.
+  Tensor swapped = grads[1];
+  grads[1] = grads[2];
+  grads[2] = swapped;
+  GradBucket *refused = NULL;
+  int bad_count = 0;
+  Error bad_err;
+  test_check(bucket_plan_tensors(grads, m.num_params, buffer, m.num_floats, cfg.bucket_mb, &refused,
+                                 &bad_count, &bad_err) != 0 &&
+                 strstr(bad_err.msg, grads[1].name) != NULL,
+             "a gradient table out of order is refused naming the tensor: %s", bad_err.msg);
+  free(grads);
+  free(buffer);
   int64_t *sizes = malloc_check(sizeof(int64_t) * (size_t)m.num_params);
-  // Each tensor's extent includes the alignment gap after it (src/model.h).
+  // Each tensor's extent includes the alignment gap after it (src/model/model.h).
   for (int i = 0; i < m.num_params; i++)
     sizes[i] = (i + 1 < m.num_params ? m.params[i + 1].offset : m.num_floats) - m.params[i].offset;
   int valid = rc == 0 && plan_is_valid(sizes, m.num_params, bucket_floats(cfg.bucket_mb), b, nb,

@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "src/import.h"
-#include "src/model.h"
-#include "src/safetensors.h"
+#include "src/io/import.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
 #include "tests/util/test_model_config.h"
 #include "tests/util/test_util.h"
 

@@ -38,7 +38,7 @@ static const AttnShape shapes[] = {
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
-// The geometry the model derives from a shape (src/model.c build_geometry).
+// The geometry the model derives from a shape (src/model/model.c build_geometry).
 typedef struct {
   int N, nW, BW, rows;  // tokens per window, windows per image, windows, bias-table rows
   int64_t qkv, out;     // elements of qkv (BW, N, 3C) and out (BW, N, C)
@@ -245,8 +245,8 @@ int main(void) {
   GPU_TEST_MAIN_BEGIN();
 #ifdef SWIN_HAVE_CUDA
   TestRng rng = {.state = 0xa77e7710};
-  // The tensor-core backward's scratch is reserved by every backend (src/backend_cuda.cu); the
-  // qkv bias gradient's partials need the rows and width of dqkv.
+  // The tensor-core backward's scratch is reserved by every backend (src/model/backend_cuda.cu);
+  // the qkv bias gradient's partials need the rows and width of dqkv.
   BackendNeeds needs = {.max_elements = 1, .max_rows = 1, .max_width = 1, .max_batch = 1};
   for (int si = 0; si < NUM_SHAPES; si++) {
     AttnGeom g = geom_of(&shapes[si]);

@@ -23,13 +23,13 @@
 #include "data/loader.h"
 #include "data/transform.h"
 #include "kernels/resize.h"
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
 #include "tests/util/test_plans.h"
 #include "tests/util/test_util.h"
 
 #ifdef SWIN_HAVE_NVJPEG
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include "stb_image_write.h"

@@ -1,10 +1,10 @@
 // test_gpu_layernorm.c: the CUDA backend's fused residual + LayerNorm and patch merging +
 // LayerNorm (residual_layernorm_{forward,backward}, merge_layernorm_{forward,backward}) against
-// the CPU backend's, in fp32, bf16 and fp16. Every way src/model.c calls the fused op is a mode
-// below (window partition / reverse folded in through shifted and unshifted maps, drop-path scales
-// with a zero, dres aliasing, no dres, no LayerNorm term); the shapes cover the 16-byte path, the
-// scalar path (C = 30), Swin-T's stage 1 at batch 2, and a large C (fewer warps per backward
-// block). The merge runs on those shapes and on Swin-T's three merges (C = 96, 192, 384 on
+// the CPU backend's, in fp32, bf16 and fp16. Every way src/model/model.c calls the fused op is a
+// mode below (window partition / reverse folded in through shifted and unshifted maps, drop-path
+// scales with a zero, dres aliasing, no dres, no LayerNorm term); the shapes cover the 16-byte
+// path, the scalar path (C = 30), Swin-T's stage 1 at batch 2, and a large C (fewer warps per
+// backward block). The merge runs on those shapes and on Swin-T's three merges (C = 96, 192, 384 on
 // 56x56, 28x28, 14x14 maps, batches large enough that each backward slot takes several rows), a
 // ragged one (the last block part full, odd W/2); together they reach every register shape of
 // bf16 / fp16 / fp32 that Swin-T uses and both fallbacks (C = 30 scalar; 4C = 6144, too wide for

@@ -11,9 +11,9 @@
 #ifdef SWIN_HAVE_CUDA
 #include <math.h>
 
-#include "src/backend.h"
-#include "src/config.h"
-#include "src/model.h"
+#include "src/base/config.h"
+#include "src/model/backend.h"
+#include "src/model/model.h"
 
 typedef struct {
   const char *name;

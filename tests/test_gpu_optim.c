@@ -15,7 +15,7 @@
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
-#include "src/model.h"
+#include "src/model/model.h"
 
 // Fake tensors: sizes chosen for ragged chunk tails (count % 4 = 1, 2, 3), a tensor of exactly one
 // chunk, one of several, a single value.

@@ -147,7 +147,7 @@ static void CUDART_CB hold_stream(void *arg) {
 }
 
 // step_params_set: a copy from page-locked memory reads it when it runs, so the CUDA backend
-// writes each step's values into the next slot of a ring (16 slots, src/backend_cuda.cu) and
+// writes each step's values into the next slot of a ring (16 slots, src/model/backend_cuda.cu) and
 // waits before reusing a slot whose copy has not run. With the compute stream held up, 40 writes
 // (each followed by a drop-path draw at its step into its own buffer) wrap the ring: the host
 // must wait for the held copies (host_waits grows), and every draw must be the CPU's for its own

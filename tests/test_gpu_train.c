@@ -3,7 +3,7 @@
 // moments and losses as the straight run; a GPU checkpoint resumes on the CPU and a CPU one on
 // the GPU; fp16 with an overflowing loss scale skips the step, halves the scale and leaves the
 // weights and moments untouched; fp16 with the default scale trains. CUDA graphs
-// (train.cuda_graphs, src/step_graph.h): a run whose steps are replayed graphs ends bitwise
+// (train.cuda_graphs, src/app/step_graph.h): a run whose steps are replayed graphs ends bitwise
 // equal to the same run launched kernel by kernel (weights, moments, every step's loss), with and
 // without the per-batch augmentations, and resumes exactly.
 #define _POSIX_C_SOURCE 200809L
@@ -16,8 +16,8 @@
 #include "tests/util/test_model_config.h"
 
 #ifdef SWIN_HAVE_CUDA
-#include "src/checkpoint.h"
-#include "src/model.h"
+#include "src/io/checkpoint.h"
+#include "src/model/model.h"
 #include "tests/util/test_train_util.h"
 
 static char tmp_root[256];

@@ -17,8 +17,8 @@
 #include "data/randaugment.h"
 #include "data/transform.h"
 #include "kernels/image_aug.h"
-#include "src/rng.h"
-#include "src/util.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 #include "tests/util/test_image_aug.h"
 #include "tests/util/test_util.h"
 

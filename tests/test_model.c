@@ -6,8 +6,8 @@
 #include <omp.h>
 
 #include "kernels/loss.h"
-#include "src/config.h"
-#include "src/model.h"
+#include "src/base/config.h"
+#include "src/model/model.h"
 #include "tests/util/test_model_config.h"
 #include "tests/util/test_util.h"
 

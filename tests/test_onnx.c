@@ -18,11 +18,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "src/checkpoint.h"
-#include "src/config.h"
-#include "src/model.h"
-#include "src/onnx.h"
-#include "src/safetensors.h"
+#include "src/base/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/onnx.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
 #include "tests/util/test_onnx_eval.h"
 #include "tests/util/test_util.h"
 

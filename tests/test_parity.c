@@ -10,10 +10,10 @@
 
 #include "kernels/loss.h"
 #include "optim/schedule.h"
-#include "src/config.h"
-#include "src/model.h"
-#include "src/safetensors.h"
-#include "src/train.h"
+#include "src/app/train.h"
+#include "src/base/config.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
 #include "tests/util/test_util.h"
 
 #ifndef SWIN_SOURCE_DIR

@@ -11,8 +11,8 @@
 #include "data/randaugment.h"
 #include "data/transform.h"
 #include "kernels/resize.h"
-#include "src/rng.h"
-#include "src/util.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 #include "tests/util/test_plans.h"
 #include "tests/util/test_util.h"
 

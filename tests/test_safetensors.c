@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/util/test_util.h"
 
 static char tmp_dir[64];

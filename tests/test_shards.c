@@ -15,7 +15,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/shards.h"
-#include "src/config.h"
+#include "src/base/config.h"
 #include "tests/util/test_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION

@@ -1,4 +1,4 @@
-// test_step_graph.c: the bookkeeping of src/step_graph.c, on the CPU, with a stand-in for a
+// test_step_graph.c: the bookkeeping of src/app/step_graph.c, on the CPU, with a stand-in for a
 // backend that captures: the CPU backend's table with graph ops that count their calls (the CPU
 // runs a "captured" step at once; on CUDA it would be recorded). Checks how train.cuda_graphs
 // resolves (auto / on / off, the CPU, under a launcher), that each batch buffer runs plainly once,
@@ -9,11 +9,11 @@
 // is tests/test_gpu_train.c's and tests/test_gpu_dist.c's.
 #include <stdint.h>
 
-#include "src/backend.h"
-#include "src/config.h"
-#include "src/learner.h"
-#include "src/model.h"
-#include "src/step_graph.h"
+#include "src/app/learner.h"
+#include "src/app/step_graph.h"
+#include "src/base/config.h"
+#include "src/model/backend.h"
+#include "src/model/model.h"
 #include "tests/util/test_model_config.h"
 #include "tests/util/test_util.h"
 

@@ -9,11 +9,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "src/backend.h"
-#include "src/checkpoint.h"
-#include "src/config.h"
-#include "src/safetensors.h"
-#include "src/train.h"
+#include "src/app/train.h"
+#include "src/base/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/safetensors.h"
+#include "src/model/backend.h"
 #include "tests/util/test_train_util.h"
 #include "tests/util/test_util.h"
 

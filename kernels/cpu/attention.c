@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/fastmath.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 // Upper bound on the (window, head) chunks of the backward; fixed so results never depend on
 // the thread count.

@@ -26,7 +26,7 @@
 #define GEMM_AVX2 1
 #endif
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 // MR x NR = 6 x 16 is 12 ymm accumulators, leaving 4 of the 16 registers for two B vectors
 // and an A broadcast. KC * NR * 4 bytes = 16 KiB keeps the B panel in L1 (32 KiB) while the

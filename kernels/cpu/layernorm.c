@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kernels/residual.h"
-#include "src/util.h"
+#include "src/base/util.h"
 
 // Upper bound on the row chunks of the backward; fixed so that results never depend on threads.
 #define LAYERNORM_GRAD_CHUNKS 64

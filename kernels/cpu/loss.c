@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 double cross_entropy_forward_backward_cpu(float *dlogits, const float *logits, const int *labels,
                                           const float *soft_targets, float smoothing, int B,

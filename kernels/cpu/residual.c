@@ -4,7 +4,7 @@
 
 #include <stdlib.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 
 void residual_forward_cpu(float *out, const float *x, const float *branch, const float *scale,
                           int B, int64_t L) {

@@ -29,7 +29,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "kernels/augment.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

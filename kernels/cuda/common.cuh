@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "src/tensor.h"
+#include "src/base/tensor.h"
 
 namespace swin_cuda {
 

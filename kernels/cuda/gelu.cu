@@ -11,7 +11,7 @@
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -31,7 +31,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 #define CUBLAS_CHECK(call)                                                                      \
   do {                                                                                          \

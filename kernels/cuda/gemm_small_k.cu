@@ -4,7 +4,7 @@
 // the MLP's first layer is cuBLASLt (pre = inp W^T + b) followed by a GELU pass that reads pre
 // back and writes post; here one kernel writes both. scripts/bench_gemm_small_k.cu measures it
 // against cuBLASLt (kernels/PERF.md, version 12): faster for IC = 96, which the model uses
-// (src/backend_cuda.cu, use_small_k), slower for IC = 192, which it does not.
+// (src/model/backend_cuda.cu, use_small_k), slower for IC = 192, which it does not.
 //
 // What the largest shape costs (stage 0 fc1 at batch 128: N = 401408, IC = 96, OC = 384):
 //   bytes: inp 2 N IC = 77.1 MB, pre 2 N OC = 308.3 MB, post 308.3 MB (weight 74 KB, bias:
@@ -39,7 +39,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/gemm.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

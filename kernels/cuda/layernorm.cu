@@ -34,7 +34,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/layernorm.h"
 #include "kernels/patch.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/loss.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -28,7 +28,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/patch.h"
-#include "src/cuda_util.h"
+#include "src/base/cuda_util.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // (kernels/residual.h). The residual add itself is fused into the LayerNorm kernels
 // (kernels/cuda/layernorm.cu).
 //
-// Drop-path scales are drawn from the same counter-based stream as on the CPU (src/rng.h), one
+// Drop-path scales are drawn from the same counter-based stream as on the CPU (src/base/rng.h), one
 // thread per (unit, sample), so they are the CPU's bits. The mean pool gives one thread to each
 // (b, c) and walks the L tokens in order, summing in double like the CPU, so it never depends on
 // timing.
@@ -10,8 +10,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/residual.h"
-#include "src/cuda_util.h"
-#include "src/rng.h"
+#include "src/base/cuda_util.h"
+#include "src/base/rng.h"
 
 namespace {
 

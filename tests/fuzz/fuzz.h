@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/config.h"
+#include "src/base/config.h"
 
 // Stops the run like a crash, saying which promise broke.
 #define FUZZ_REQUIRE(cond, ...)                                             \

@@ -5,10 +5,10 @@
 #define _XOPEN_SOURCE 700  // tests/fuzz/fuzz.h: mkdtemp, nftw
 #include <math.h>
 
-#include "src/checkpoint.h"
-#include "src/import.h"
-#include "src/model.h"
-#include "src/safetensors.h"
+#include "src/io/checkpoint.h"
+#include "src/io/import.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
 #include "tests/fuzz/fuzz.h"
 
 enum { MAX_BATCH = 4 };  // inputs of more images are only checked, not run

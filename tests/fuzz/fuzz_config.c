@@ -7,7 +7,7 @@
 #define _XOPEN_SOURCE 700  // tests/fuzz/fuzz.h: mkdtemp, nftw
 #include <stdio.h>
 
-#include "src/config.h"
+#include "src/base/config.h"
 #include "tests/fuzz/fuzz.h"
 
 // A config that validates must survive config_to_ini -> config_load_string exactly: checkpoints

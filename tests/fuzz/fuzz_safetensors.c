@@ -1,9 +1,9 @@
-// fuzz_safetensors.c: the safetensors reader (src/safetensors.c) on arbitrary bytes, and the
+// fuzz_safetensors.c: the safetensors reader (src/io/safetensors.c) on arbitrary bytes, and the
 // writer on whatever the reader accepts: a file that parses must describe tensors inside its
 // data section, and writing its tensors and metadata back must give a file that reads back
 // with the same names, dtypes, shapes, bytes and metadata.
 #define _XOPEN_SOURCE 700  // tests/fuzz/fuzz.h: mkdtemp, nftw
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/fuzz/fuzz.h"
 
 // Reads every byte of every tensor, so that a range outside the buffer is caught by ASan.

@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/checkpoint.h"
-#include "src/config.h"
-#include "src/import.h"
-#include "src/model.h"
-#include "src/safetensors.h"
+#include "src/base/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/import.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
 #include "tests/fuzz/fuzz.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION

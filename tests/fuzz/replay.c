@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/util.h"
+#include "src/base/util.h"
 #include "tests/fuzz/fuzz.h"
 
 static int compare_names(const void *a, const void *b) {

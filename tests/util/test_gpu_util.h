@@ -1,6 +1,6 @@
 // test_gpu_util.h: what the GPU tests share on top of test_util.h. A GPU test runs one op of the
-// backend table (src/backend.h) on the CUDA backend, in each compute precision, and on the CPU
-// backend (fp32, the reference kernels: the spec), from the same host inputs, and compares what
+// backend table (src/model/backend.h) on the CUDA backend, in each compute precision, and on the
+// CPU backend (fp32, the reference kernels: the spec), from the same host inputs, and compares what
 // comes back tensor by tensor.
 //
 // The helpers take any Backend, so one function runs a case on either backend: inputs are copied
@@ -18,9 +18,9 @@
 #ifdef SWIN_HAVE_CUDA
 #include <stdbool.h>
 
-#include "src/backend.h"
-#include "src/cuda_util.h"
-#include "src/safetensors.h"
+#include "src/base/cuda_util.h"
+#include "src/io/safetensors.h"
+#include "src/model/backend.h"
 
 static inline void gpu_test_require_device(void) {
   if (!cuda_device_available() || !backend_cuda_usable()) {

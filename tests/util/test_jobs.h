@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "src/config.h"
-#include "src/util.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
 
 // Every job must end well within this: a hang fails instead of blocking the suite.
 #define JOB_LIMIT_S 120.0

@@ -3,7 +3,7 @@
 #pragma once
 #include <string.h>
 
-#include "src/config.h"
+#include "src/base/config.h"
 
 typedef struct {
   int img_h, img_w;  // img_w 0: square

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/onnx.h"
-#include "src/safetensors.h"
+#include "src/io/onnx.h"
+#include "src/io/safetensors.h"
 
 typedef struct {
   char name[ONNX_NAME_MAX];

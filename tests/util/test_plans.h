@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "data/transform.h"
-#include "src/util.h"
+#include "src/base/util.h"
 #include "tests/util/test_util.h"
 
 static inline int test_below(TestRng *r, int n) {

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/config.h"
-#include "src/safetensors.h"
-#include "src/train.h"
-#include "src/util.h"
+#include "src/app/train.h"
+#include "src/base/config.h"
+#include "src/base/util.h"
+#include "src/io/safetensors.h"
 
 // Validates and trains as a single process; prints the error and returns -1 on failure.
 static inline int train_test_run(const Config *c) {

@@ -1,0 +1,92 @@
+// learner.c: the training step and the optimizer memory (src/app/learner.h).
+#include "src/app/learner.h"
+
+#include <stdlib.h>
+
+#include "src/base/nvtx.h"
+
+void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
+  Backend *be = m->be;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  o->exp_avg = be->ops->alloc(be, bytes);
+  o->exp_avg_sq = be->ops->alloc(be, bytes);
+  bool host_memory = be->device == DEVICE_CPU;
+  o->host_exp_avg = host_memory ? o->exp_avg : calloc_check(1, bytes);
+  o->host_exp_avg_sq = host_memory ? o->exp_avg_sq : calloc_check(1, bytes);
+  o->num_chunks = model_adamw_chunks(m, cfg->weight_decay, NULL);
+  size_t chunk_bytes = sizeof(AdamWChunk) * (size_t)o->num_chunks;
+  AdamWChunk *chunks = malloc_check(chunk_bytes);
+  model_adamw_chunks(m, cfg->weight_decay, chunks);
+  o->chunks = be->ops->alloc(be, chunk_bytes);
+  be->ops->upload(be, o->chunks, chunks, chunk_bytes);
+  free(chunks);
+  o->state = be->ops->alloc(be, sizeof(OptimState));
+  o->step_params = be->ops->alloc(be, sizeof(StepParams));
+}
+
+void optimizer_destroy(Optimizer *o, Backend *be) {
+  if (o->host_exp_avg != o->exp_avg) free(o->host_exp_avg);
+  if (o->host_exp_avg_sq != o->exp_avg_sq) free(o->host_exp_avg_sq);
+  be->ops->release(be, o->exp_avg);
+  be->ops->release(be, o->exp_avg_sq);
+  be->ops->release(be, o->chunks);
+  be->ops->release(be, o->state);
+  be->ops->release(be, o->step_params);
+  *o = (Optimizer){0};
+}
+
+size_t optimizer_bytes(const Optimizer *o, const Model *m) {
+  return 2 * sizeof(float) * (size_t)m->num_floats + sizeof(AdamWChunk) * (size_t)o->num_chunks +
+         sizeof(OptimState) + sizeof(StepParams);
+}
+
+void optimizer_upload_moments(Optimizer *o, const Model *m) {
+  if (o->host_exp_avg == o->exp_avg) return;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->be->ops->upload(m->be, o->exp_avg, o->host_exp_avg, bytes);
+  m->be->ops->upload(m->be, o->exp_avg_sq, o->host_exp_avg_sq, bytes);
+}
+
+void optimizer_download_moments(Optimizer *o, const Model *m) {
+  if (o->host_exp_avg == o->exp_avg) return;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->be->ops->download(m->be, o->host_exp_avg, o->exp_avg, bytes);
+  m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
+}
+
+void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr) {
+  StepParams values = {.step = step, .lr = lr};
+  m->be->ops->step_params_set(m->be, o->step_params, &values);
+}
+
+void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                      const StepBatch *batch, int B, int64_t first_sample) {
+  Backend *be = m->be;
+  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, o->step_params,
+                first_sample);
+  be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, batch->labels, batch->soft_targets,
+                      cfg->label_smoothing, B, cfg->num_classes, o->state);
+  model_zero_grads(m);
+  model_backward(m, B);
+}
+
+void learner_update(Model *m, Optimizer *o, const Config *cfg) {
+  Backend *be = m->be;
+  NVTX_PUSH("optimizer");
+  OptimizerStep hyper = {.beta1 = cfg->beta1,
+                         .beta2 = cfg->beta2,
+                         .eps = cfg->eps,
+                         .clip_grad = cfg->clip_grad,
+                         .dynamic_scale = be->act == DTYPE_F16,
+                         .scale_window = cfg->loss_scale_window};
+  be->ops->optimizer_step(be, m->master, m->compute == (void *)m->master ? NULL : m->compute,
+                          m->grads, o->exp_avg, o->exp_avg_sq, m->num_floats, o->chunks,
+                          o->num_chunks, hyper, o->step_params, o->state);
+  NVTX_POP();
+}
+
+void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                  int B, int64_t first_sample) {
+  learner_backward(m, o, cfg, norm, batch, B, first_sample);
+  learner_update(m, o, cfg);
+}

@@ -1,0 +1,138 @@
+// swin_export: write a checkpoint's weights as a flat timm state dict in safetensors, or the
+// model as an ONNX inference graph when OUT ends in .onnx.
+//   swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16]
+//   swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/import.h"
+#include "src/io/onnx.h"
+#include "src/io/safetensors.h"
+#include "src/model/model.h"
+
+static int load_model_from_checkpoint(Model *m, const char *path, Error *err) {
+  // The checkpoint carries its resolved config: build that model, then load into it.
+  SafeTensors st;
+  if (safetensors_read(&st, path, err) != 0) return -1;
+  const char *ini = safetensors_meta_get(&st, "config");
+  Config cfg;
+  config_defaults(&cfg);
+  int rc = -1;
+  if (!ini) {
+    error_set(err, "'%s' has no 'config' metadata: not a swin.c checkpoint", path);
+  } else if (config_load_string(&cfg, ini, path, err) == 0 && config_validate(&cfg, err) == 0 &&
+             model_create(m, &cfg, NULL, 0, err) == 0) {
+    rc = 0;
+  }
+  safetensors_free(&st);
+  if (rc != 0) return -1;
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  float *exp_avg = malloc_check(bytes), *exp_avg_sq = malloc_check(bytes);
+  TrainState state;
+  rc = checkpoint_load(path, m, exp_avg, exp_avg_sq, &state, err);
+  free(exp_avg);
+  free(exp_avg_sq);
+  return rc;
+}
+
+static const char *usage =
+    "usage: swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16]\n"
+    "       swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N]\n"
+    "OUT ending in .onnx writes an ONNX model (opset 17): input 'images' (N, C, H, W) float32,\n"
+    "normalized; output 'logits' (N, classes) float32. Any other OUT writes the weights as a\n"
+    "timm state dict in safetensors.\n";
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+typedef struct {
+  bool onnx;
+  DType dtype;
+  int64_t batch;  // ONNX: 0 = dynamic
+} ExportArgs;
+
+// Parses the key=value arguments after OUT; prints the problem and returns -1 on a bad one.
+static int parse_args(ExportArgs *a, int argc, char **argv) {
+  a->onnx = ends_with(argv[2], ".onnx");
+  a->dtype = DTYPE_F32;
+  a->batch = 0;
+  const char *dtypes =
+      a->onnx ? "dtype=f32 or dtype=f16 (ONNX)" : "dtype=f32, dtype=bf16 or dtype=f16";
+  for (int i = 3; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "dtype=f32") == 0) {
+      a->dtype = DTYPE_F32;
+    } else if (strcmp(arg, "dtype=f16") == 0) {
+      a->dtype = DTYPE_F16;
+    } else if (strcmp(arg, "dtype=bf16") == 0 && !a->onnx) {
+      a->dtype = DTYPE_BF16;
+    } else if (strncmp(arg, "dtype=", 6) == 0) {
+      fprintf(stderr, "error: bad argument '%s'\nHINT: %s\n", arg, dtypes);
+      return -1;
+    } else if (strncmp(arg, "batch=", 6) == 0 && a->onnx) {
+      const char *v = arg + 6;
+      char *end = NULL;
+      long long n = strtoll(v, &end, 10);
+      if (strcmp(v, "dynamic") == 0) {
+        a->batch = 0;
+      } else if (end != v && *end == 0 && n >= 1 && n <= 1 << 30) {
+        a->batch = n;
+      } else {
+        fprintf(stderr,
+                "error: bad argument '%s'\nHINT: batch=dynamic (any batch at run time) or "
+                "batch=N with N >= 1\n",
+                arg);
+        return -1;
+      }
+    } else if (strncmp(arg, "batch=", 6) == 0) {
+      fprintf(stderr,
+              "error: '%s' applies only to ONNX output\nHINT: name the output OUT.onnx, or drop "
+              "%s\n",
+              arg, arg);
+      return -1;
+    } else {
+      fprintf(stderr, "error: bad argument '%s'\nHINT: %s%s\n", arg, dtypes,
+              a->onnx ? ", batch=dynamic or batch=N" : "");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3 || argc > 5) {
+    fprintf(stderr, "%s", usage);
+    return 2;
+  }
+  ExportArgs a;
+  if (parse_args(&a, argc, argv) != 0) return 2;
+  Model m;
+  Error err;
+  if (load_model_from_checkpoint(&m, argv[1], &err) != 0) {
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 1;
+  }
+  int rc = a.onnx ? onnx_export_swin(&m, argv[2], a.dtype, a.batch, &err)
+                  : export_weights(&m, argv[2], a.dtype, &err);
+  if (rc != 0) {
+    fprintf(stderr, "error: %s\n", err.msg);
+    model_destroy(&m);
+    return 1;
+  }
+  if (a.onnx) {
+    char batch[32] = "dynamic";
+    if (a.batch > 0) snprintf(batch, sizeof batch, "%lld", (long long)a.batch);
+    printf("exported an ONNX model (opset %d, %s, batch %s, %lld parameters) to %s\n", ONNX_OPSET,
+           a.dtype == DTYPE_F16 ? "f16" : "f32", batch, (long long)m.num_values, argv[2]);
+  } else {
+    printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params,
+           (long long)m.num_values, dtype_name(a.dtype), argv[2]);
+  }
+  model_destroy(&m);
+  return 0;
+}

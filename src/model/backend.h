@@ -1,0 +1,300 @@
+// backend.h: the ops the model, the loss and the optimizer are written against, and the table of
+// function pointers each backend fills (the way ggml dispatches per backend): the CPU reference
+// kernels of kernels/cpu/ (src/model/backend_cpu.c) or the CUDA kernels of kernels/cuda/
+// (src/model/backend_cuda.cu). The model's forward and backward exist once (src/model/model.c) and
+// run on either.
+//
+// Ops sit at the granularity the GPU fuses (residual + LayerNorm with the window partition or
+// reverse folded into its loads and stores, patch merging + LayerNorm, linear + GELU, mean pool +
+// head, the whole optimizer update); the CPU backend composes them from the reference pieces.
+//
+// Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
+// CUDA) from ops->alloc, planned before the first step. Tensors marked `act` are in the compute
+// type be->act (f32, bf16 or f16; the CPU supports f32 only); the rest are f32 unless said.
+// Ops are queued in order on the backend's compute queue (a CUDA stream) and never wait for the
+// host; only download and synchronize wait.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/augment.h"
+#include "kernels/window.h"
+#include "optim/optimizer.h"
+#include "src/base/tensor.h"
+#include "src/base/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct Backend Backend;
+
+typedef enum { ACTIVATION_NONE, ACTIVATION_GELU } Activation;
+
+// Input normalization of uint8 pixels: (pixel / 255 - mean[c]) / std[c], c < 4.
+typedef struct {
+  float mean[4], std[4];
+} Normalize;
+
+// Evaluation sums over batches (backend memory, read once at the end).
+typedef struct {
+  double loss_sum;  // cross-entropy without smoothing, summed over images
+  int64_t top1, top5, count;
+} EvalSums;
+
+// The values of a training step that change from one step to the next. The step's ops read them
+// from backend memory, never as arguments, so that a step captured once into a CUDA graph
+// (src/app/step_graph.h) replays with each step's own values; step_params_set writes them.
+typedef struct {
+  int64_t step;  // the step index: the key of drop path's draws
+  float lr;      // the optimizer's learning rate
+  int32_t unused;
+} StepParams;
+
+// Op families of the benchmark's per-op table (GPU time per family as a share of the step).
+// Window partition and reverse have no row: they are folded into the LayerNorm kernels.
+typedef enum {
+  OP_GEMM,         // linear layers and the head (cuBLASLt), bias gradients not fused elsewhere
+  OP_ATTENTION,    // window attention, forward and backward
+  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm
+  OP_ELEMENTWISE,  // GELU, patch-embedding input, drop path, mean pool, compute copy
+  OP_LOSS,         // cross-entropy, metrics
+  OP_OPTIMIZER,    // gradient norm, AdamW
+  OP_MEMORY,       // zeroing, device copies
+  OP_FAMILIES
+} OpFamily;
+
+const char *op_family_name(OpFamily f);
+
+// Scratch sizes a backend needs, given by the model once it knows its shapes.
+typedef struct {
+  int64_t max_elements;  // largest (rows x width) operand of a LayerNorm or merge op
+  int64_t max_rows;      // largest row count of any op
+  int max_width;         // largest row width (channels) of any op
+  int max_batch;
+  int64_t num_params;  // the flat parameter buffer's length
+} BackendNeeds;
+
+typedef struct {
+  const char *name;  // "cpu", "cuda"
+  // The largest window (tokens) and head width (channels) its attention serves; 0: no limit.
+  // model_create refuses a model beyond them with a config error.
+  int max_window_tokens, max_head_dim;
+
+  // ---- memory ----
+  // Backend memory, zero-filled; the process aborts with the size if it cannot be had (memory
+  // is planned up front, so this happens only at startup).
+  void *(*alloc)(Backend *be, size_t bytes);
+  void (*release)(Backend *be, void *ptr);
+  // Host memory the backend copies from fastest (page-locked on CUDA); for the loader's ring.
+  void *(*host_alloc)(size_t bytes);
+  void (*host_release)(void *ptr);
+  void (*upload)(Backend *be, void *dst, const void *src, size_t bytes);    // synchronous
+  void (*download)(Backend *be, void *dst, const void *src, size_t bytes);  // waits for the queue
+  void (*zero)(Backend *be, void *ptr, size_t bytes);                       // queued
+  void (*synchronize)(Backend *be);
+  // Sizes the backend's private scratch for the model (called once, before the first op).
+  void (*reserve)(Backend *be, const BackendNeeds *needs);
+
+  // ---- batch staging: two slots, so batch k+1 uploads while step k computes ----
+  // Queue copies of host buffers (from host_alloc) or device memory (the loader's device batch,
+  // data/loader.h) into slot `slot`'s backend buffers, after the
+  // step that last used the slot has released it.
+  void (*stage_upload)(Backend *be, int slot, int count, void *const *dst, const void *const *src,
+                       const size_t *bytes);
+  void (*stage_consume)(Backend *be, int slot);  // the compute queue waits for slot's uploads
+  void (*stage_release)(Backend *be, int slot);  // the slot's buffers may be overwritten after
+                                                 // the work queued so far
+  void (*stage_wait)(Backend *be, int slot);     // host waits until slot's uploads have run
+
+  // ---- ordering against a queue of the caller's (the gradient all-reduce, dist/reducer.h) ----
+  // event is a cudaEvent_t (passed as void *) that the caller created on the backend's device.
+  // record_event: the event completes when the work queued so far on the compute queue has run.
+  // wait_event: work queued later on the compute queue waits until the event (recorded on
+  // another stream) has completed. Neither waits on the host, and both may be captured into a
+  // graph (graph_begin): there they fork the caller's stream off the compute queue and join it
+  // back, and an event recorded inside a capture is nothing a host can wait for. The CPU's do
+  // nothing: its ops have run when they return, and its all-reduce is a blocking call.
+  void (*record_event)(Backend *be, void *event);
+  void (*wait_event)(Backend *be, void *event);
+
+  // ---- time marks on the compute queue (the trainer's data wait, src/app/train.c) ----
+  // mark_record: the mark's time is when the work queued so far on the compute queue has run
+  // (a CUDA event; on the CPU, whose ops have run when they return, the host clock). Never
+  // inside a graph capture. mark_seconds: seconds from mark a to mark b, both recorded; waits
+  // until b has its time.
+  void *(*mark_create)(Backend *be);
+  void (*mark_destroy)(Backend *be, void *mark);
+  void (*mark_record)(Backend *be, void *mark);
+  double (*mark_seconds)(Backend *be, void *a, void *b);
+
+  // ---- per-step values ----
+  // Queues the write of *values into params (backend memory, read by the ops queued after it);
+  // *values may change as soon as it returns. The CPU copies at once; CUDA queues a copy on the
+  // compute queue from one of a ring of page-locked slots, and the host waits only if the copy
+  // that last read that slot (the ring's length of writes ago) has not run yet.
+  void (*step_params_set)(Backend *be, StepParams *params, const StepParams *values);
+
+  // ---- model ops (shapes as in kernels/*.h) ----
+  // dst (n, act) = src (n, f32) in the compute type (a plain copy in f32).
+  void (*to_compute)(Backend *be, void *dst, const float *src, int64_t n);
+  // patches (B, H/p, W/p, Cin*p*p, act) from input (B, H, W, Cin): uint8 pixels normalized with
+  // norm (input_dtype U8), or already normalized floats (F32).
+  void (*patch_embed_input)(Backend *be, void *patches, const void *input, DType input_dtype,
+                            Normalize norm, int B, int H, int W, int Cin, int p);
+  // Drop-path scales (units, B): unit u uses rate rates[u / 2]; 0 for a dropped sample, 1/keep
+  // for a kept one, drawn from (seed, step->step, unit, first_sample + b) exactly as the CPU
+  // draws them (step: backend memory). first_sample is the global index in the step's batch of
+  // this call's sample 0 (rank * B under data parallelism), so N ranks draw what one process
+  // draws for the whole batch.
+  void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
+                           int64_t first_sample, uint64_t seed, const StepParams *step);
+  // images (B, H, W, Cin, f32) = (pixels / 255 - mean[c]) / std[c], from uint8 pixels: the
+  // input of the per-batch augmentations, which work on normalized images.
+  void (*images_normalize)(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
+                           int H, int W, int Cin);
+  // Random erasing then mixup or cutmix on images (B, H, W, C, f32) in place, with parameters
+  // drawn on the host (kernels/augment.h); boxes: room for B EraseBox in backend memory.
+  void (*batch_augment)(Backend *be, float *images, const BatchAugment *p, EraseBox *boxes, int B,
+                        int H, int W, int C);
+  // out (N, OC, act) = act(inp (N, IC, act) weight^T (OC, IC, act) + bias (OC, act) or none);
+  // with GELU the pre-activation goes to pre (N, OC, act).
+  void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
+                         const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
+  // dinp (N, IC, act) = dout weight; dinp NULL skips. dweight (OC, IC, f32) and dbias (OC, f32,
+  // or NULL) accumulated. The model passes dbias NULL wherever the op that wrote dout summed its
+  // columns already (the *_bias outputs below): the GPU then runs the dweight product alone.
+  void (*linear_backward)(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int64_t N, int IC, int OC);
+  // The backward of linear(GELU(pre)), an MLP's second layer, whose input the forward did not
+  // keep: hidden (N, IC, act) receives GELU(pre (N, IC, act)) (recomputed; the op overwrites
+  // it), dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight accumulated as in
+  // linear_backward. dpre_bias (IC, f32, or NULL) += the column sums of dpre as stored: the bias
+  // gradient of the MLP's first layer (pre's producer), from the pass that writes dpre. This
+  // layer's own bias gradient (the column sums of dout) is the caller's, from dout's producer.
+  void (*gelu_linear_backward)(Backend *be, void *dpre, void *hidden, float *dweight,
+                               float *dpre_bias, const void *dout, const void *pre,
+                               const void *weight, int64_t N, int IC, int OC);
+  // kernels/layernorm.h's residual_layernorm_{forward,backward}: x_out, ln_out, x_in, branch,
+  // dbranch, dln, x act; dres_in, dres_out f32. The backward's dbranch_bias (C, f32, or NULL) +=
+  // the column sums of dbranch as written (scaled by the drop-path scale when there is one, in
+  // whatever row order bmap gives), also without dln: the bias gradient of the linear layer whose
+  // output the branch is (a block's proj or fc2, the patch embedding).
+  void (*residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,
+                                     float *rstd, const void *x_in, const void *branch,
+                                     const WindowMap *branch_map, const float *scale,
+                                     const float *weight, const float *bias,
+                                     const WindowMap *ln_map, int B, int64_t L, int C);
+  void (*residual_layernorm_backward)(Backend *be, float *dres_out, void *dbranch,
+                                      float *dbranch_bias, float *dweight, float *dbias,
+                                      const float *dres_in, const void *dln, const void *x,
+                                      const float *weight, const float *mean, const float *rstd,
+                                      const WindowMap *branch_map, const float *scale,
+                                      const WindowMap *ln_map, int B, int64_t L, int C);
+  // kernels/patch.h's merge_layernorm: out, tokens, dout act; dtokens f32 (overwritten).
+  void (*merge_layernorm_forward)(Backend *be, void *out, float *mean, float *rstd,
+                                  const void *tokens, const float *weight, const float *bias, int B,
+                                  int H, int W, int C);
+  void (*merge_layernorm_backward)(Backend *be, float *dtokens, float *dweight, float *dbias,
+                                   const void *dout, const void *tokens, const float *weight,
+                                   const float *mean, const float *rstd, int B, int H, int W,
+                                   int C);
+  // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
+  // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
+  // may overwrite it. The backward's dqkv_bias (3C, f32, or NULL) += the column sums of dqkv
+  // (BW * N rows) as stored: the qkv layer's bias gradient.
+  int64_t (*attention_saved_floats)(Backend *be, int BW, int N, int C, int heads);
+  void (*attention_forward)(Backend *be, void *out, float *saved, const void *qkv,
+                            const float *table, const int *index, const float *mask, int BW, int nW,
+                            int N, int C, int heads);
+  void (*attention_backward)(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
+                             const void *dout, const void *qkv, const float *table,
+                             const int *index, const float *mask, float *saved, int BW, int nW,
+                             int N, int C, int heads);
+  // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =
+  // pooled weight^T + bias, in f32 with the f32 weights. The backward writes dtokens (B, L, C,
+  // act) and accumulates dweight, dbias.
+  void (*head_forward)(Backend *be, float *logits, float *pooled, const void *tokens,
+                       const float *weight, const float *bias, int B, int L, int C, int K);
+  void (*head_backward)(Backend *be, void *dtokens, float *dweight, float *dbias,
+                        const float *dlogits, const float *pooled, const float *weight, int B,
+                        int L, int C, int K);
+
+  // ---- loss and metrics ----
+  // Label-smoothed cross-entropy of logits (B, K) against labels (B): dlogits = (softmax -
+  // target) / B * state->loss_scale; the mean loss is added to state->loss_sum when finite,
+  // else counted in state->bad_losses.
+  // With soft_targets (B, K) (mixup / cutmix) they are the targets as given (smoothing unused)
+  // and labels is ignored.
+  void (*train_loss)(Backend *be, float *dlogits, const float *logits, const int *labels,
+                     const float *soft_targets, float smoothing, int B, int K, OptimState *state);
+  // Adds the batch's unsmoothed loss sum, top-1/top-5 hits and count to sums.
+  void (*eval_metrics)(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
+                       int K);
+
+  // ---- optimizer ----
+  // One update: the global norm of grads (n) scaled back by the loss scale; if it is not finite
+  // the step is skipped (parameters and moments untouched, counted in state, and with
+  // dynamic_scale the scale halves); else clipped AdamW at learning rate step->lr (backend
+  // memory) over the chunks (AdamW's bias corrections from state->adam_steps + 1), the compute
+  // copy refreshed (compute NULL when the compute type is f32), and with dynamic_scale the scale
+  // doubles after scale_window clean steps. chunks: backend memory (optim/optimizer.h); each
+  // chunk's offset a multiple of 4 (the GPU updates 16 bytes at a time; model_adamw_chunks
+  // guarantees it).
+  void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
+                         float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
+                         OptimizerStep hyper, const StepParams *step, OptimState *state);
+
+  // ---- captured work (CUDA graphs; NULL on the CPU, which has none) ----
+  // graph_begin: from now on the work queued on the compute queue is recorded instead of run,
+  // until graph_end makes the recording a graph to replay: NULL with err set when the capture or
+  // its instantiation failed (nothing recorded has run; the queue is as before graph_begin);
+  // *nodes, when given, gets the graph's node count. Between them nothing may wait for the queue,
+  // allocate, upload, stage a batch or profile: the backend aborts naming the call. graph_launch
+  // queues one replay on the compute queue: the recorded ops again, with the same arguments
+  // (pointers, sizes; whatever they read from memory is read anew); graph_destroy frees a graph
+  // (replays already queued still run).
+  int (*graph_begin)(Backend *be, Error *err);
+  void *(*graph_end)(Backend *be, int64_t *nodes, Error *err);
+  void (*graph_launch)(Backend *be, void *graph);
+  void (*graph_destroy)(Backend *be, void *graph);
+
+  // ---- profiling (benchmarks) ----
+  // While on, each op's GPU time is measured (events around it) and added to its family;
+  // profile_report waits for the queue, writes the milliseconds per family since the last report
+  // and clears them. The CPU backend measures nothing (zeros).
+  void (*profile)(Backend *be, bool on);
+  void (*profile_report)(Backend *be, double *ms /* OP_FAMILIES */);
+} BackendOps;
+
+struct Backend {
+  const BackendOps *ops;
+  Device device;
+  DType act;            // compute type of activations and of the weights the GEMMs read
+  size_t bytes_in_use;  // backend memory handed out by ops->alloc
+  int64_t host_waits;   // times the host waited for the backend (download, synchronize)
+  void *impl;           // the backend's private state
+};
+
+// device: "cpu", "cuda" or "auto" (cuda when a GPU is usable, else cpu); precision: "fp32",
+// "bf16" or "fp16". Errors say why a device cannot be used and what to set instead.
+int backend_create(Backend *be, const char *device, const char *precision, Error *err);
+void backend_destroy(Backend *be);
+// True when this build has the CUDA backend and a CUDA device is usable.
+bool backend_cuda_usable(void);
+// "cpu" or "cuda (NVIDIA H200, 139.8 GiB)" and the precision, for the start-up banner.
+void backend_describe(const Backend *be, char *buf, size_t size);
+
+// The CPU table and the CUDA one (src/model/backend_cpu.c, src/model/backend_cuda.cu).
+int backend_cpu_init(Backend *be, DType act, Error *err);
+void backend_cpu_destroy(Backend *be);
+#ifdef SWIN_HAVE_CUDA
+int backend_cuda_init(Backend *be, DType act, Error *err);
+void backend_cuda_destroy(Backend *be);
+bool backend_cuda_device_usable(char *name, size_t size, double *gib);
+#endif
+
+#ifdef __cplusplus
+}
+#endif

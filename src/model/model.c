@@ -1,0 +1,826 @@
+// model.c: the Swin Transformer's geometry, parameter table, initialization, and the forward and
+// backward that chain the backend's ops (src/model/backend.h) in the order of timm's
+// SwinTransformer.
+#include "src/model/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/window.h"
+#include "src/base/nvtx.h"
+#include "src/base/rng.h"
+
+// ---------------------------------------------------------------------------------------------
+// Geometry
+
+static int min_int(int a, int b) {
+  return a < b ? a : b;
+}
+
+static void build_geometry(Model *m) {
+  const Config *c = &m->cfg;
+  m->num_stages = c->num_stages;
+  m->Hp = c->img_h / c->patch_size;
+  m->Wp = c->img_w / c->patch_size;
+  m->patch_dim = c->in_chans * c->patch_size * c->patch_size;
+  m->num_blocks = 0;
+  for (int s = 0; s < m->num_stages; s++) {
+    StageGeom *g = &m->stages[s];
+    g->H = m->Hp >> s;
+    g->W = m->Wp >> s;
+    g->C = c->embed_dim << s;
+    g->depth = c->depths[s];
+    g->heads = c->num_heads[s];
+    g->head_dim = g->C / g->heads;
+    g->hidden = (int)((float)g->C * c->mlp_ratio);
+    // A side no larger than the window becomes the window and is never shifted (timm).
+    g->wh = min_int(g->H, c->window_size);
+    g->ww = min_int(g->W, c->window_size);
+    g->sh = g->H <= c->window_size ? 0 : c->window_size / 2;
+    g->sw = g->W <= c->window_size ? 0 : c->window_size / 2;
+    g->nW = (g->H / g->wh) * (g->W / g->ww);
+    g->N = g->wh * g->ww;
+    g->merge = s > 0;
+    g->first_block = m->num_blocks;
+    m->num_blocks += g->depth;
+    g->rel_index = malloc_check(sizeof(int) * (size_t)g->N * (size_t)g->N);
+    relative_position_index(g->rel_index, g->wh, g->ww);
+    g->mask = NULL;
+    if ((g->sh || g->sw) && g->depth > 1) {
+      g->mask = malloc_check(sizeof(float) * (size_t)g->nW * (size_t)g->N * (size_t)g->N);
+      attention_mask_build(g->mask, g->H, g->W, g->wh, g->ww, g->sh, g->sw);
+    }
+  }
+  // Stochastic depth rate grows linearly over all blocks: linspace(0, rate, num_blocks).
+  m->block_drop = malloc_check(sizeof(float) * (size_t)(m->num_blocks ? m->num_blocks : 1));
+  for (int i = 0; i < m->num_blocks; i++)
+    m->block_drop[i] =
+        m->num_blocks > 1 ? (float)((double)c->drop_path_rate * i / (m->num_blocks - 1)) : 0.0f;
+}
+
+static bool block_is_shifted(const StageGeom *g, int j) {
+  return (j % 2 == 1) && (g->sh || g->sw);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters: one walk over the model in forward order defines the table (names, shapes, decay,
+// initialization)
+// and binds typed pointers into any flat buffer with the same layout. It is the only place the
+// order is written down.
+
+typedef struct {
+  Param *table;  // filled when non-NULL
+  float *base;   // buffer being bound, or NULL
+  int index;
+  int64_t offset;  // next tensor's start (aligned)
+  int64_t values;  // parameters so far
+} ParamWalk;
+
+static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const int64_t *shape,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const int64_t *shape,
+                    const char *fmt, ...) {
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++) numel *= shape[i];
+  if (k->table) {
+    char name[TENSOR_NAME_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    k->table[k->index] = (Param){.t = tensor_view(NULL, DTYPE_F32, DEVICE_CPU, name, ndim, shape),
+                                 .offset = k->offset,
+                                 .decay = decay,
+                                 .init = init};
+  }
+  float *ptr = k->base ? k->base + k->offset : NULL;
+  k->index++;
+  k->values += numel;
+  k->offset += (numel + MODEL_PARAM_ALIGN - 1) / MODEL_PARAM_ALIGN * MODEL_PARAM_ALIGN;
+  return ptr;
+}
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define NDIM(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+// A weight matrix or table (decay and initialization as given) and a 1-D vector (never decayed).
+#define PARAM(decay, init, ...) param(&k, decay, init, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__)
+#define VEC(init, n, ...) param(&k, false, init, 1, SHAPE(n), __VA_ARGS__)
+#define NORMAL PARAM_INIT_TRUNC_NORMAL
+#define ZERO PARAM_INIT_ZERO
+#define ONE PARAM_INIT_ONE
+#define CONV PARAM_INIT_CONV_UNIFORM
+
+// Walks every parameter in forward order: fills table when non-NULL, binds w to base when both
+// are non-NULL. Returns the number of parameter tensors; sets m->num_floats and m->num_values.
+static int walk_params(Model *m, Param *table, Weights *w, float *base) {
+  const Config *c = &m->cfg;
+  ParamWalk k = {.table = table, .base = base};
+  Weights unused = {0};
+  if (!w) w = &unused;
+  int64_t E = c->embed_dim, p = c->patch_size;
+
+  w->patch_w = PARAM(true, CONV, E, c->in_chans, p, p), "patch_embed.proj.weight");
+  w->patch_b = VEC(CONV, E, "patch_embed.proj.bias");
+  w->patch_norm_w = VEC(ONE, E, "patch_embed.norm.weight");
+  w->patch_norm_b = VEC(ZERO, E, "patch_embed.norm.bias");
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    int64_t C = g->C;
+    if (g->merge) {
+      int64_t C4 = 2 * C;  // 4 * previous width
+      w->merge_norm_w[s] = VEC(ONE, C4, "layers.%d.downsample.norm.weight", s);
+      w->merge_norm_b[s] = VEC(ZERO, C4, "layers.%d.downsample.norm.bias", s);
+      w->merge_w[s] = PARAM(true, NORMAL, C, C4), "layers.%d.downsample.reduction.weight", s);
+    }
+    for (int j = 0; j < g->depth; j++) {
+      BlockWeights unused_block, *b = w->blocks ? &w->blocks[g->first_block + j] : &unused_block;
+      int64_t table_rows = (int64_t)(2 * g->wh - 1) * (2 * g->ww - 1), hidden = g->hidden;
+#define BLK "layers.%d.blocks.%d."
+      b->norm1_w = VEC(ONE, C, BLK "norm1.weight", s, j);
+      b->norm1_b = VEC(ZERO, C, BLK "norm1.bias", s, j);
+      b->rel_table = PARAM(false, NORMAL, table_rows, g->heads), BLK "attn.relative_position_bias_table",
+                           s, j);
+      b->qkv_w = PARAM(true, NORMAL, 3 * C, C), BLK "attn.qkv.weight", s, j);
+      b->qkv_b = c->qkv_bias ? VEC(ZERO, 3 * C, BLK "attn.qkv.bias", s, j) : NULL;
+      b->proj_w = PARAM(true, NORMAL, C, C), BLK "attn.proj.weight", s, j);
+      b->proj_b = VEC(ZERO, C, BLK "attn.proj.bias", s, j);
+      b->norm2_w = VEC(ONE, C, BLK "norm2.weight", s, j);
+      b->norm2_b = VEC(ZERO, C, BLK "norm2.bias", s, j);
+      b->fc1_w = PARAM(true, NORMAL, hidden, C), BLK "mlp.fc1.weight", s, j);
+      b->fc1_b = VEC(ZERO, hidden, BLK "mlp.fc1.bias", s, j);
+      b->fc2_w = PARAM(true, NORMAL, C, hidden), BLK "mlp.fc2.weight", s, j);
+      b->fc2_b = VEC(ZERO, C, BLK "mlp.fc2.bias", s, j);
+#undef BLK
+    }
+  }
+  int64_t Cl = m->stages[m->num_stages - 1].C;
+  w->norm_w = VEC(ONE, Cl, "norm.weight");
+  w->norm_b = VEC(ZERO, Cl, "norm.bias");
+  w->head_w = PARAM(true, NORMAL, c->num_classes, Cl), "head.fc.weight");
+  w->head_b = VEC(ZERO, c->num_classes, "head.fc.bias");
+  m->num_floats = k.offset;
+  m->num_values = k.values;
+  return k.index;
+}
+#undef PARAM
+#undef VEC
+#undef NORMAL
+#undef ZERO
+#undef ONE
+#undef CONV
+
+// ---------------------------------------------------------------------------------------------
+// Activations: one plan assigns every saved tensor and scratch buffer; run once to count bytes
+// (arena without memory) and once to hand out views in the backend's memory.
+
+static void *arena_act(Arena *a, const Model *m, int64_t count) {
+  return arena_alloc(a, (size_t)count * dtype_size(m->be->act));
+}
+
+static void plan_activations(Model *m, Arena *a, int B) {
+  const Config *c = &m->cfg;
+  Activations *x = &m->acts;
+  int64_t L0 = (int64_t)m->Hp * m->Wp, E = c->embed_dim;
+  x->patches = arena_act(a, m, B * L0 * m->patch_dim);
+  x->pe = arena_act(a, m, B * L0 * E);
+  x->pe_mean = arena_floats(a, B * L0);
+  x->pe_rstd = arena_floats(a, B * L0);
+  x->drop_scales = arena_floats(a, 2 * (int64_t)m->num_blocks * B);
+  int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    int64_t BL = (int64_t)B * g->H * g->W, C = g->C;
+    if (g->merge) {
+      x->merge_ln[s] = arena_act(a, m, BL * 2 * C);
+      x->merge_mean[s] = arena_floats(a, BL);
+      x->merge_rstd[s] = arena_floats(a, BL);
+    }
+    for (int j = 0; j < g->depth; j++) {
+      int gi = g->first_block + j;
+      BlockActs *b = &x->blocks[gi];
+      b->x = arena_act(a, m, BL * C);
+      b->ln1_mean = arena_floats(a, BL);
+      b->ln1_rstd = arena_floats(a, BL);
+      b->qkv = arena_act(a, m, BL * 3 * C);
+      b->att = arena_floats(
+          a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
+      b->attn_out = arena_act(a, m, BL * C);
+      b->x1 = arena_act(a, m, BL * C);
+      b->ln2_mean = arena_floats(a, BL);
+      b->ln2_rstd = arena_floats(a, BL);
+      b->fc1 = arena_act(a, m, BL * g->hidden);
+      // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
+    }
+    x->stage_out[s] = arena_act(a, m, BL * C);
+    if (BL * C > max_lc) max_lc = BL * C;
+    if (BL * g->hidden > max_hidden) max_hidden = BL * g->hidden;
+    if (BL * 3 * C > max_qkv) max_qkv = BL * 3 * C;
+  }
+  const StageGeom *last = &m->stages[m->num_stages - 1];
+  int64_t BLl = (int64_t)B * last->H * last->W;
+  x->norm_mean = arena_floats(a, BLl);
+  x->norm_rstd = arena_floats(a, BLl);
+  x->norm_out = arena_act(a, m, BLl * last->C);
+  x->pooled = arena_floats(a, (int64_t)B * last->C);
+  x->logits = arena_floats(a, (int64_t)B * c->num_classes);
+  x->dlogits = arena_floats(a, (int64_t)B * c->num_classes);
+  x->xw = arena_act(a, m, max_lc);
+  x->ln2 = arena_act(a, m, max_lc);
+  x->hidden = arena_act(a, m, max_hidden);
+  x->branch = arena_act(a, m, max_lc);
+  x->dres = arena_floats(a, max_lc);
+  x->dbranch = arena_act(a, m, max_lc);
+  x->dln = arena_act(a, m, max_lc);
+  x->dattn = arena_act(a, m, max_lc);
+  x->dhidden = arena_act(a, m, max_hidden);
+  x->dqkv = arena_act(a, m, max_qkv);
+}
+
+// What the backend's private scratch must hold for this model at batch B.
+static BackendNeeds backend_needs(const Model *m, int B) {
+  const Config *c = &m->cfg;
+  BackendNeeds n = {.max_batch = B, .num_params = m->num_floats};
+  int64_t rows = (int64_t)B * m->Hp * m->Wp;
+  n.max_elements = (int64_t)B * c->img_h * c->img_w * c->in_chans;
+  if (rows * m->patch_dim > n.max_elements) n.max_elements = rows * m->patch_dim;
+  n.max_rows = rows;
+  n.max_width = m->patch_dim > c->num_classes ? m->patch_dim : c->num_classes;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    int64_t BL = (int64_t)B * g->H * g->W;
+    int widths[3] = {3 * g->C, g->hidden, 2 * g->C};  // qkv, MLP, merged 2x2 (4 C_{s-1})
+    for (int k = 0; k < 3; k++) {
+      if (widths[k] > n.max_width) n.max_width = widths[k];
+      if (BL * widths[k] > n.max_elements) n.max_elements = BL * widths[k];
+    }
+    if (BL > n.max_rows) n.max_rows = BL;
+  }
+  return n;
+}
+
+// Copies a host array into fresh backend memory.
+static void *backend_copy(Backend *be, const void *src, size_t bytes) {
+  void *dst = be->ops->alloc(be, bytes);
+  be->ops->upload(be, dst, src, bytes);
+  return dst;
+}
+
+// Whether every stage's window and head width are within what the backend's attention serves.
+static int check_backend_limits(const Model *m, const BackendOps *ops, Error *err) {
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    if (ops->max_window_tokens > 0 && g->N > ops->max_window_tokens)
+      return error_set(err,
+                       "model.window_size = %d: stage %d has %dx%d windows (%d tokens), but the "
+                       "%s backend's attention serves at most %d tokens per window\n"
+                       "HINT: use a window of at most %d tokens (window_size 8 or less), or "
+                       "device=cpu",
+                       m->cfg.window_size, s, g->wh, g->ww, g->N, ops->name, ops->max_window_tokens,
+                       ops->max_window_tokens);
+    if (ops->max_head_dim > 0 && g->head_dim > ops->max_head_dim)
+      return error_set(err,
+                       "model.num_heads: stage %d has %d heads of %d channels, but the %s "
+                       "backend's attention serves at most %d channels per head\n"
+                       "HINT: raise that stage's head count, or device=cpu",
+                       s, g->heads, g->head_dim, ops->name, ops->max_head_dim);
+  }
+  return 0;
+}
+
+int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err) {
+  memset(m, 0, sizeof *m);
+  m->cfg = *cfg;
+  if (max_batch < 0 || (be && max_batch < 1) || (!be && max_batch > 0))
+    return error_set(err, "model_create: max_batch %d needs %s", max_batch,
+                     be ? "to be at least 1" : "a backend");
+  build_geometry(m);
+  if (be && check_backend_limits(m, be->ops, err) != 0) {
+    model_destroy(m);
+    return -1;
+  }
+  m->num_params = walk_params(m, NULL, NULL, NULL);
+  m->params = calloc_check((size_t)m->num_params, sizeof(Param));
+  walk_params(m, m->params, NULL, NULL);
+  size_t bytes = sizeof(float) * (size_t)m->num_floats;
+  m->weights = aligned_alloc_check(bytes);
+  memset(m->weights, 0, bytes);
+  m->w.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockWeights));
+  m->g.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockWeights));
+  m->acts.blocks = calloc_check((size_t)m->num_blocks, sizeof(BlockActs));
+  m->max_batch = max_batch;
+  if (!be) {
+    walk_params(m, NULL, &m->w, m->weights);
+    return 0;
+  }
+
+  // Backend memory: the master weights (the host copy itself on the CPU), their compute copy,
+  // the gradients, the geometry tables and the activations.
+  m->be = be;
+  const BackendOps *ops = be->ops;
+  m->master = be->device == DEVICE_CPU ? m->weights : ops->alloc(be, bytes);
+  m->compute = be->act == DTYPE_F32 ? (void *)m->master
+                                    : ops->alloc(be, (size_t)m->num_floats * dtype_size(be->act));
+  m->grads = ops->alloc(be, bytes);
+  walk_params(m, NULL, &m->w, m->master);
+  walk_params(m, NULL, &m->g, m->grads);
+  for (int s = 0; s < m->num_stages; s++) {
+    StageGeom *g = &m->stages[s];
+    g->index_be = backend_copy(be, g->rel_index, sizeof(int) * (size_t)g->N * (size_t)g->N);
+    if (g->mask)
+      g->mask_be = backend_copy(be, g->mask, sizeof(float) * (size_t)g->nW * g->N * g->N);
+  }
+  m->block_drop_be = backend_copy(be, m->block_drop, sizeof(float) * (size_t)m->num_blocks);
+  Arena counting = {.name = "activations (counting)"};
+  plan_activations(m, &counting, max_batch);
+  arena_init_at(&m->acts_arena, "activations", be->device, ops->alloc(be, counting.used),
+                counting.used);
+  plan_activations(m, &m->acts_arena, max_batch);
+  BackendNeeds needs = backend_needs(m, max_batch);
+  ops->reserve(be, &needs);
+  return 0;
+}
+
+void model_destroy(Model *m) {
+  Backend *be = m->be;
+  for (int s = 0; s < m->num_stages; s++) {
+    free(m->stages[s].rel_index);
+    free(m->stages[s].mask);
+    if (be) {
+      be->ops->release(be, m->stages[s].index_be);
+      be->ops->release(be, m->stages[s].mask_be);
+    }
+  }
+  if (be) {
+    if (m->compute != (void *)m->master) be->ops->release(be, m->compute);
+    if (m->master != m->weights) be->ops->release(be, m->master);
+    be->ops->release(be, m->grads);
+    be->ops->release(be, m->block_drop_be);
+    be->ops->release(be, m->acts_arena.base);
+  }
+  free(m->block_drop);
+  free(m->params);
+  free(m->weights);
+  free(m->w.blocks);
+  free(m->g.blocks);
+  free(m->acts.blocks);
+  memset(m, 0, sizeof *m);
+}
+
+void model_weights_to_backend(Model *m) {
+  Backend *be = m->be;
+  if (!be) return;
+  if (m->master != m->weights)
+    be->ops->upload(be, m->master, m->weights, sizeof(float) * (size_t)m->num_floats);
+  if (m->compute != (void *)m->master)
+    be->ops->to_compute(be, m->compute, m->master, m->num_floats);
+}
+
+void model_weights_to_host(Model *m) {
+  if (m->be && m->master != m->weights)
+    m->be->ops->download(m->be, m->weights, m->master, sizeof(float) * (size_t)m->num_floats);
+}
+
+void model_grads_to_host(const Model *m, float *dst) {
+  m->be->ops->download(m->be, dst, m->grads, sizeof(float) * (size_t)m->num_floats);
+}
+
+const void *model_compute_weight(const Model *m, const float *master) {
+  if (!master) return NULL;
+  return (const char *)m->compute + (master - m->master) * (ptrdiff_t)dtype_size(m->be->act);
+}
+
+void model_memory(const Model *m, size_t *weights, size_t *grads, size_t *activations) {
+  size_t f32 = sizeof(float) * (size_t)m->num_floats;
+  *weights =
+      f32 + (m->compute != (void *)m->master ? (size_t)m->num_floats * dtype_size(m->be->act) : 0);
+  *grads = f32;
+  *activations = m->acts_arena.capacity;
+}
+// ---------------------------------------------------------------------------------------------
+// Initialization (timm / official), as each row of the parameter table names it (Param.init):
+// Linear weights and the bias tables trunc_normal(std 0.02,
+// cut at +-2), biases 0, LayerNorm 1 / 0; the patch conv keeps PyTorch's Conv2d default,
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias. Each tensor draws from its own RNG
+// stream keyed by its index, so the result does not depend on anything but the seed.
+
+static double normal_draw(Rng *r) {
+  double u1 = rng_uniform_double(r), u2 = rng_uniform_double(r);
+  return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+}
+
+void model_init_weights(Model *m, uint64_t seed) {
+  for (int i = 0; i < m->num_params; i++) {
+    const Param *p = &m->params[i];
+    float *x = m->weights + p->offset;
+    int64_t n = tensor_numel(&p->t);
+    Rng r = rng_make(seed, RNG_STREAM_INIT, (uint64_t)i, 0);
+    switch (p->init) {
+      case PARAM_INIT_CONV_UNIFORM: {
+        double bound = 1.0 / sqrt((double)m->patch_dim);
+        for (int64_t j = 0; j < n; j++)
+          x[j] = (float)((2.0 * rng_uniform_double(&r) - 1.0) * bound);
+        break;
+      }
+      case PARAM_INIT_ONE:
+        for (int64_t j = 0; j < n; j++) x[j] = 1.0f;
+        break;
+      case PARAM_INIT_ZERO:
+        memset(x, 0, sizeof(float) * (size_t)n);
+        break;
+      case PARAM_INIT_TRUNC_NORMAL:
+        for (int64_t j = 0; j < n; j++) {
+          double v;
+          do v = 0.02 * normal_draw(&r);
+          while (v < -2.0 || v > 2.0);
+          x[j] = (float)v;
+        }
+        break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. Each LayerNorm is fused with the residual add before it and with the window
+// partition after it, so a block is: [x = x1' + dp * mlp'; xw = part(LN1(x))], qkv, attention,
+// proj, [x1 = x + dp * rev(proj); ln2 = LN2(x1)], fc1 + GELU, fc2; the bracketed ops are one
+// residual_layernorm each, the first one taking the previous block's MLP output (mlp').
+
+// The window order of block j's attention.
+static WindowMap block_windows(const StageGeom *g, int j) {
+  bool shifted = block_is_shifted(g, j);
+  WindowMap w = {g->H, g->W, g->wh, g->ww, shifted ? g->sh : 0, shifted ? g->sw : 0};
+  return w;
+}
+
+// LN1 of block j (of stage s) into its windows, fused with the residual that ends block j - 1.
+static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  BlockActs *a = &x->blocks[gi];
+  const BlockWeights *w = &m->w.blocks[gi];
+  WindowMap wm = block_windows(g, j);
+  int64_t L = (int64_t)g->H * g->W;
+  if (j == 0) {
+    be->ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
+                                        NULL, w->norm1_w, w->norm1_b, &wm, B, L, g->C);
+  } else {
+    const BlockActs *p = &x->blocks[gi - 1];
+    be->ops->residual_layernorm_forward(be, a->x, x->xw, a->ln1_mean, a->ln1_rstd, p->x1, x->branch,
+                                        NULL, m->drop_path_active ? p->dp_mlp : NULL, w->norm1_w,
+                                        w->norm1_b, &wm, B, L, g->C);
+  }
+}
+
+// The rest of block j: attention branch with its residual + LN2, then the MLP up to fc2, whose
+// output waits in x->branch for the next residual.
+static void block_forward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  BlockActs *a = &x->blocks[gi];
+  const BlockWeights *w = &m->w.blocks[gi];
+  int C = g->C, BW = B * g->nW;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
+
+  ops->linear_forward(be, a->qkv, x->xw, model_compute_weight(m, w->qkv_w),
+                      model_compute_weight(m, w->qkv_b), BL, C, 3 * C, ACTIVATION_NONE, NULL);
+  ops->attention_forward(be, a->attn_out, a->att, a->qkv, w->rel_table, g->index_be, mask, BW,
+                         g->nW, g->N, C, g->heads);
+  ops->linear_forward(be, x->branch, a->attn_out, model_compute_weight(m, w->proj_w),
+                      model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
+  ops->residual_layernorm_forward(be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
+                                  m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b,
+                                  NULL, B, L, C);
+  ops->linear_forward(be, x->hidden, x->ln2, model_compute_weight(m, w->fc1_w),
+                      model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
+  ops->linear_forward(be, x->branch, x->hidden, model_compute_weight(m, w->fc2_w),
+                      model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
+}
+
+static const char *const stage_names[CONFIG_MAX_STAGES] = {
+    "stage 0", "stage 1", "stage 2", "stage 3", "stage 4", "stage 5", "stage 6", "stage 7"};
+
+// Views of each block's drop-path scales in drop_scales, which drop_path_scales fills as (units,
+// B) for this forward's B (which may be below max_batch): unit 2 gi (attention) and 2 gi + 1
+// (MLP); NULL where the block's rate is 0.
+static void bind_drop_scales(Model *m, int B) {
+  for (int gi = 0; gi < m->num_blocks; gi++) {
+    BlockActs *b = &m->acts.blocks[gi];
+    bool drops = m->block_drop[gi] > 0;
+    b->dp_attn = drops ? m->acts.drop_scales + (int64_t)2 * gi * B : NULL;
+    b->dp_mlp = drops ? m->acts.drop_scales + (int64_t)(2 * gi + 1) * B : NULL;
+  }
+}
+
+void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
+                   bool train, uint64_t seed, const StepParams *step, int64_t first_sample) {
+  NVTX_PUSH("forward");
+  const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  const Weights *w = &m->w;
+  int64_t L0 = (int64_t)m->Hp * m->Wp;
+  int E = c->embed_dim;
+
+  m->drop_path_active = train && c->drop_path_rate > 0;
+  if (m->drop_path_active) {
+    bind_drop_scales(m, B);
+    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, first_sample,
+                          seed, step);
+  }
+
+  // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
+  // LayerNorm into the first block's input.
+  ops->patch_embed_input(be, x->patches, input, input_dtype, norm, B, c->img_h, c->img_w,
+                         c->in_chans, c->patch_size);
+  ops->linear_forward(be, x->pe, x->patches, model_compute_weight(m, w->patch_w),
+                      model_compute_weight(m, w->patch_b), B * L0, m->patch_dim, E, ACTIVATION_NONE,
+                      NULL);
+  ops->residual_layernorm_forward(be, NULL, x->blocks[0].x, x->pe_mean, x->pe_rstd, x->pe, NULL,
+                                  NULL, NULL, w->patch_norm_w, w->patch_norm_b, NULL, B, L0, E);
+
+  for (int s = 0; s < m->num_stages; s++) {
+    NVTX_PUSH(stage_names[s]);
+    const StageGeom *g = &m->stages[s];
+    if (g->merge) {
+      const StageGeom *p = &m->stages[s - 1];
+      int64_t BL = (int64_t)B * g->H * g->W;
+      ops->merge_layernorm_forward(be, x->merge_ln[s], x->merge_mean[s], x->merge_rstd[s],
+                                   x->stage_out[s - 1], w->merge_norm_w[s], w->merge_norm_b[s], B,
+                                   p->H, p->W, p->C);
+      ops->linear_forward(be, x->blocks[g->first_block].x, x->merge_ln[s],
+                          model_compute_weight(m, w->merge_w[s]), NULL, BL, 4 * p->C, g->C,
+                          ACTIVATION_NONE, NULL);
+    }
+    for (int j = 0; j < g->depth; j++) {
+      block_norm1_forward(m, g, j, B);
+      block_forward(m, g, j, B);
+    }
+    // The last block's MLP residual: the stage output, and for the last stage the final norm.
+    const BlockActs *a = &x->blocks[g->first_block + g->depth - 1];
+    bool last = s == m->num_stages - 1;
+    ops->residual_layernorm_forward(be, x->stage_out[s], last ? x->norm_out : NULL, x->norm_mean,
+                                    x->norm_rstd, a->x1, x->branch, NULL,
+                                    m->drop_path_active ? a->dp_mlp : NULL, w->norm_w, w->norm_b,
+                                    NULL, B, (int64_t)g->H * g->W, g->C);
+    NVTX_POP();
+  }
+
+  // Head: mean over tokens, linear, in f32.
+  const StageGeom *g = &m->stages[m->num_stages - 1];
+  ops->head_forward(be, x->logits, x->pooled, x->norm_out, w->head_w, w->head_b, B, g->H * g->W,
+                    g->C, c->num_classes);
+  NVTX_POP();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: the residual stream's gradient lives in dres (f32) and is carried from the head down
+// to the patch embedding; a branch's gradient goes to dbranch; parameter gradients accumulate
+// into m->grads. A linear layer's bias gradient (the column sums of its output gradient) comes
+// from the op that writes that gradient, which reads or computes every element of it anyway:
+// fc2's from the residual + LN1 backward that follows it (for a stage's last block the stage-end
+// residual), proj's from LN2's backward, fc1's from the GELU pass, qkv's from the attention
+// backward, the patch embedding's from its LayerNorm's backward; their linear_backward calls
+// then take no dbias.
+
+// Block j from d(its fc2 output) in dbranch (its column sums already in fc2's bias gradient) and
+// d(x1) in dres, down to the gradient of LN1's output (window order) in dln; dres then holds d(x)
+// from the attention residual alone.
+static void block_backward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  BlockWeights *gw = &m->g.blocks[gi];
+  BlockActs *a = &x->blocks[gi];
+  int C = g->C, BW = B * g->nW;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
+
+  // MLP: fc2 through GELU (its input recomputed from fc1's output), fc1, then LN2 + the
+  // attention residual; LN2's output is recomputed from its input first.
+  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
+                            model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
+  ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
+                                  NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
+  ops->linear_backward(be, x->dln, gw->fc1_w, NULL, x->dhidden, x->ln2,
+                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
+  ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->proj_b, gw->norm2_w, gw->norm2_b,
+                                   x->dres, x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd,
+                                   &wm, m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
+  // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
+  ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
+                       model_compute_weight(m, w->proj_w), BL, C, C);
+  ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, w->rel_table,
+                          g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
+  ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
+                                  w->norm1_w, w->norm1_b, &wm, B, L, C);
+  ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, x->xw,
+                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
+}
+
+// LN1 of block j back through its residual: d(x) = dres + LN1'(dln). For j > 0 that is the
+// gradient of the previous block's x1 (dres) and, scaled by its drop path, of its fc2 output
+// (dbranch, summed into that fc2's bias gradient); for j == 0 it is the gradient of the stage
+// input, to dbranch.
+static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  BlockWeights *gw = &m->g.blocks[gi];
+  const BlockActs *a = &x->blocks[gi];
+  WindowMap wm = block_windows(g, j);
+  int64_t L = (int64_t)g->H * g->W;
+  const float *scale = j > 0 && m->drop_path_active ? x->blocks[gi - 1].dp_mlp : NULL;
+  float *fc2_bias = j > 0 ? m->g.blocks[gi - 1].fc2_b : NULL;
+  be->ops->residual_layernorm_backward(be, j > 0 ? x->dres : NULL, x->dbranch, fc2_bias,
+                                       gw->norm1_w, gw->norm1_b, x->dres, x->dln, a->x, w->norm1_w,
+                                       a->ln1_mean, a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
+}
+
+// Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
+// the buffer is final. Backward writes each tensor's gradient in one place, walking the layout
+// (src/model/model.h) from its end to its start; the exception inside a block (the bias table's
+// gradient comes before qkv's, though it lies below) is why marks fall only between blocks. A
+// block's fc2 bias, its last tensor, is written by the LN1 backward of the block after it (the
+// stage-end residual for a stage's last block), before that block's mark, which lies above it.
+static void grads_final_from(Model *m, const float *lowest) {
+  if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
+}
+
+void model_backward(Model *m, int B) {
+  NVTX_PUSH("backward");
+  const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  const Weights *w = &m->w;
+  Weights *gw = &m->g;
+  const StageGeom *last = &m->stages[m->num_stages - 1];
+
+  // Head: linear and mean pool -> d(final norm output) in dln.
+  ops->head_backward(be, x->dln, gw->head_w, gw->head_b, x->dlogits, x->pooled, w->head_w, B,
+                     last->H * last->W, last->C, c->num_classes);
+
+  for (int s = m->num_stages - 1; s >= 0; s--) {
+    NVTX_PUSH(stage_names[s]);
+    const StageGeom *g = &m->stages[s];
+    int64_t L = (int64_t)g->H * g->W;
+    // The last block's MLP residual (with the final norm in the last stage): dres = d(x1),
+    // dbranch = d(fc2 output), summed into fc2's bias gradient. Other stages get d(stage output)
+    // in dres from the merge below.
+    const int last_block = g->first_block + g->depth - 1;
+    const BlockActs *a = &x->blocks[last_block];
+    const float *scale = m->drop_path_active ? a->dp_mlp : NULL;
+    float *fc2_bias = gw->blocks[last_block].fc2_b;
+    if (s == m->num_stages - 1)
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, fc2_bias, gw->norm_w, gw->norm_b,
+                                       NULL, x->dln, x->stage_out[s], w->norm_w, x->norm_mean,
+                                       x->norm_rstd, NULL, scale, NULL, B, L, g->C);
+    else
+      ops->residual_layernorm_backward(be, x->dres, x->dbranch, fc2_bias, NULL, NULL, x->dres, NULL,
+                                       NULL, NULL, NULL, NULL, NULL, scale, NULL, B, L, g->C);
+    for (int j = g->depth - 1; j >= 0; j--) {
+      block_backward(m, g, j, B);
+      block_norm1_backward(m, g, j, B);
+      grads_final_from(m, gw->blocks[g->first_block + j].norm1_w);  // the block's first tensor
+    }
+    // dbranch now holds d(stage input): back through the merge (linear, LN, gather) into dres.
+    if (g->merge) {
+      const StageGeom *p = &m->stages[s - 1];
+      ops->linear_backward(be, x->dln, gw->merge_w[s], NULL, x->dbranch, x->merge_ln[s],
+                           model_compute_weight(m, w->merge_w[s]), B * L, 4 * p->C, g->C);
+      ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
+                                    x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
+                                    x->merge_rstd[s], B, p->H, p->W, p->C);
+      grads_final_from(m, gw->merge_norm_w[s]);
+    }
+    NVTX_POP();
+  }
+
+  // Patch embedding: LayerNorm (d(pe) to dattn, summed into the projection's bias gradient),
+  // linear (the image needs no gradient).
+  int64_t L0 = (int64_t)m->Hp * m->Wp;
+  ops->residual_layernorm_backward(be, NULL, x->dattn, gw->patch_b, gw->patch_norm_w,
+                                   gw->patch_norm_b, NULL, x->dbranch, x->pe, w->patch_norm_w,
+                                   x->pe_mean, x->pe_rstd, NULL, NULL, NULL, B, L0, c->embed_dim);
+  ops->linear_backward(be, NULL, gw->patch_w, NULL, x->dattn, x->patches,
+                       model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim);
+  grads_final_from(m, m->grads);
+  NVTX_POP();
+}
+
+void model_zero_grads(Model *m) {
+  m->be->ops->zero(m->be, m->grads, sizeof(float) * (size_t)m->num_floats);
+}
+
+double model_train_flops(const Model *m, int B) {
+  const Config *c = &m->cfg;
+  double L0 = (double)m->Hp * m->Wp, macs = L0 * m->patch_dim * c->embed_dim;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    double L = (double)g->H * g->W, C = g->C, H = g->hidden;
+    if (g->merge) macs += L * 2 * C * C;  // 4 C_{s-1} = 2 C inputs, C outputs
+    // qkv, q k^T and P v (N keys for each of the L queries, over C channels), proj, fc1, fc2
+    macs += g->depth * (L * C * 3 * C + 2 * L * g->N * C + L * C * C + 2 * L * C * H);
+  }
+  macs += (double)m->stages[m->num_stages - 1].C * c->num_classes;
+  return 2.0 * 3.0 * macs * B;
+}
+
+int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {
+  int n = 0;
+  for (int i = 0; i < m->num_params; i++) {
+    const Param *p = &m->params[i];
+    int64_t numel = tensor_numel(&p->t);
+    for (int64_t off = 0; off < numel; off += MODEL_ADAMW_CHUNK, n++) {
+      if (!chunks) continue;
+      int64_t left = numel - off;
+      chunks[n] =
+          (AdamWChunk){.offset = p->offset + off,
+                       .count = (int32_t)(left < MODEL_ADAMW_CHUNK ? left : MODEL_ADAMW_CHUNK),
+                       .weight_decay = p->decay ? weight_decay : 0.0f};
+    }
+  }
+  return n;
+}
+
+const Param *model_find_param(const Model *m, const char *name) {
+  for (int i = 0; i < m->num_params; i++)
+    if (strcmp(m->params[i].t.name, name) == 0) return &m->params[i];
+  return NULL;
+}
+
+Tensor model_param_view(const Model *m, int i, const float *base) {
+  Tensor t = m->params[i].t;
+  t.data = (void *)(base + m->params[i].offset);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary
+
+static void format_count(char *buf, size_t size, int64_t n) {
+  char digits[32];
+  snprintf(digits, sizeof digits, "%lld", (long long)n);
+  int len = (int)strlen(digits), o = 0;
+  for (int i = 0; i < len && o + 2 < (int)size; i++) {
+    if (i > 0 && (len - i) % 3 == 0) buf[o++] = ',';
+    buf[o++] = digits[i];
+  }
+  buf[o] = 0;
+}
+
+static int64_t params_with_prefix(const Model *m, const char *prefix) {
+  int64_t n = 0;
+  size_t k = strlen(prefix);
+  for (int i = 0; i < m->num_params; i++)
+    if (strncmp(m->params[i].t.name, prefix, k) == 0) n += tensor_numel(&m->params[i].t);
+  return n;
+}
+
+void model_print_summary(const Model *m, FILE *out) {
+  const Config *c = &m->cfg;
+  char count[32], buf[64];
+  fprintf(out, "model: Swin, image %dx%dx%d, patch %d, embed %d, window %d, mlp %.4g, %d classes\n",
+          c->img_h, c->img_w, c->in_chans, c->patch_size, c->embed_dim, c->window_size,
+          (double)c->mlp_ratio, c->num_classes);
+  fprintf(out, "  %-12s %-9s %6s %6s %6s %9s %8s %10s %14s\n", "stage", "tokens", "width", "depth",
+          "heads", "window", "shift", "drop_path", "params");
+  format_count(count, sizeof count, params_with_prefix(m, "patch_embed."));
+  fprintf(out, "  %-12s %-9s %6d %6s %6s %9s %8s %10s %14s\n", "patch_embed",
+          (snprintf(buf, sizeof buf, "%dx%d", m->Hp, m->Wp), buf), c->embed_dim, "-", "-", "-", "-",
+          "-", count);
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    char name[32], tokens[32], window[32], shift[32], drop[32];
+    snprintf(name, sizeof name, "layers.%d", s);
+    snprintf(tokens, sizeof tokens, "%dx%d", g->H, g->W);
+    snprintf(window, sizeof window, "%dx%d", g->wh, g->ww);
+    snprintf(shift, sizeof shift, "%d,%d", g->sh, g->sw);
+    snprintf(drop, sizeof drop, "%.3f-%.3f", (double)m->block_drop[g->first_block],
+             (double)m->block_drop[g->first_block + g->depth - 1]);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "layers.%d.", s);
+    format_count(count, sizeof count, params_with_prefix(m, prefix));
+    fprintf(out, "  %-12s %-9s %6d %6d %6d %9s %8s %10s %14s\n", name, tokens, g->C, g->depth,
+            g->heads, window, (g->sh || g->sw) && g->depth > 1 ? shift : "-", drop, count);
+  }
+  format_count(count, sizeof count,
+               params_with_prefix(m, "norm.") + params_with_prefix(m, "head."));
+  fprintf(out, "  %-12s %-9s %6d %6s %6s %9s %8s %10s %14s\n", "norm+head", "-", c->num_classes,
+          "-", "-", "-", "-", "-", count);
+  format_count(count, sizeof count, m->num_values);
+  fprintf(out, "parameters: %s (%d tensors)\n", count, m->num_params);
+}
