@@ -442,6 +442,57 @@ static void test_param_table(void) {
   model_destroy(&m);
 }
 
+// The activation table describes the arena exactly: every row lies inside it, rows do not
+// overlap, the named block buffers are the ones the forward uses, and the shapes follow the
+// geometry (the tiny model at batch 3 on the CPU backend).
+static int compare_by_address(const void *a, const void *b) {
+  const char *x = ((const Tensor *)a)->data, *y = ((const Tensor *)b)->data;
+  return x < y ? -1 : x > y;
+}
+
+static void test_activation_table(void) {
+  Backend be;
+  Error err;
+  Config c = tiny_config();
+  Model m;
+  if (backend_create(&be, "cpu", "fp32", &err) != 0 || model_create(&m, &c, &be, 3, &err) != 0) {
+    test_check(0, "tiny model on the cpu backend: %s", err.msg);
+    return;
+  }
+  Tensor *rows = malloc_check(sizeof(Tensor) * (size_t)m.num_acts);
+  memcpy(rows, m.act_table, sizeof(Tensor) * (size_t)m.num_acts);
+  qsort(rows, (size_t)m.num_acts, sizeof(Tensor), compare_by_address);
+  const unsigned char *base = m.acts_arena.base, *end = base + m.acts_arena.capacity;
+  int outside = 0, overlapping = 0, unnamed = 0;
+  size_t bytes = 0;
+  for (int i = 0; i < m.num_acts; i++) {
+    const unsigned char *d = rows[i].data;
+    size_t n = tensor_bytes(&rows[i]);
+    bytes += n;
+    outside += d < base || d + n > end;
+    overlapping += i + 1 < m.num_acts && d + n > (const unsigned char *)rows[i + 1].data;
+    unnamed += rows[i].name[0] == '\0' || rows[i].device != DEVICE_CPU;
+  }
+  test_check(m.num_acts > 0 && outside == 0 && overlapping == 0 && unnamed == 0 &&
+                 bytes <= m.acts_arena.capacity,
+             "activation table: %d tensors, %zu of %zu arena bytes; outside %d, overlapping %d, "
+             "unnamed %d",
+             m.num_acts, bytes, m.acts_arena.capacity, outside, overlapping, unnamed);
+  // Block 1 of stage 0 (shifted): its qkv is (B * windows, tokens, 3C) and is the forward's.
+  const StageGeom *g = &m.stages[0];
+  const Tensor *qkv = NULL;
+  for (int i = 0; i < m.num_acts; i++)
+    if (strcmp(m.act_table[i].name, "layers.0.blocks.1.qkv") == 0) qkv = &m.act_table[i];
+  char text[192] = "", want[192];
+  if (qkv) tensor_describe(qkv, text, sizeof text);
+  snprintf(want, sizeof want, "layers.0.blocks.1.qkv (%d, %d, %d) F32", 3 * g->nW, g->N, 3 * g->C);
+  test_check(qkv && qkv->data == m.acts.blocks[1].qkv && strcmp(text, want) == 0,
+             "activation table row '%s' is acts.blocks[1].qkv (want '%s')", text, want);
+  free(rows);
+  model_destroy(&m);
+  backend_destroy(&be);
+}
+
 int main(void) {
   test_param_counts();
   test_param_table();
@@ -449,5 +500,6 @@ int main(void) {
   test_split_batch();
   test_grads_ready();
   test_backend_limits();
+  test_activation_table();
   return test_finish();
 }

@@ -390,6 +390,16 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
     format_bytes(b, sizeof b, rows[i].bytes);
     printf("  %-40s %12s\n", rows[i].name, b);
   }
+  // The activation table's largest tensor: what a smaller batch or image size shrinks first.
+  int largest = 0;
+  for (int i = 1; i < m->num_acts; i++)
+    if (tensor_bytes(&m->act_table[i]) > tensor_bytes(&m->act_table[largest])) largest = i;
+  if (m->num_acts > 0) {
+    char d[192], b[32];
+    tensor_describe(&m->act_table[largest], d, sizeof d);
+    format_bytes(b, sizeof b, tensor_bytes(&m->act_table[largest]));
+    printf("  activations: %d tensors, the largest %s (%s)\n", m->num_acts, d, b);
+  }
 }
 
 int train_check_same_device(Comm *comm, const Backend *be, Error *err) {

@@ -176,68 +176,95 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
 // Activations: one plan assigns every saved tensor and scratch buffer; run once to count bytes
 // (arena without memory) and once to hand out views in the backend's memory.
 
-static void *arena_act(Arena *a, const Model *m, int64_t count) {
-  return arena_alloc(a, (size_t)count * dtype_size(m->be->act));
-}
+// Each planned buffer is also a row of the activation table (Model.act_table): its name, dtype,
+// shape and, in the second pass, its memory. The counting pass only counts the rows.
+typedef struct {
+  Arena *arena;
+  Model *m;
+  int rows;
+} ActPlan;
 
-static void plan_activations(Model *m, Arena *a, int B) {
+__attribute__((format(printf, 5, 6))) static void *plan_tensor(ActPlan *p, DType dtype, int ndim,
+                                                               const int64_t *shape,
+                                                               const char *fmt, ...) {
+  Tensor t = tensor_view(NULL, dtype, p->m->be->device, NULL, ndim, shape);
+  t.data = arena_alloc(p->arena, tensor_bytes(&t));
+  if (p->m->act_table) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t.name, sizeof t.name, fmt, ap);
+    va_end(ap);
+    p->m->act_table[p->rows] = t;
+  }
+  p->rows++;
+  return t.data;
+}
+// ACT / F32 (plan, (shape...), name format, its arguments...): a buffer in the compute type / f32.
+#define ACT(p, shape, ...) plan_tensor(p, (p)->m->be->act, NDIM shape, SHAPE shape, __VA_ARGS__)
+#define F32(p, shape, ...) plan_tensor(p, DTYPE_F32, NDIM shape, SHAPE shape, __VA_ARGS__)
+
+static int plan_activations(Model *m, Arena *a, int B) {
   const Config *c = &m->cfg;
   Activations *x = &m->acts;
+  ActPlan plan = {a, m, 0}, *p = &plan;
   int64_t L0 = (int64_t)m->Hp * m->Wp, E = c->embed_dim;
-  x->patches = arena_act(a, m, B * L0 * m->patch_dim);
-  x->pe = arena_act(a, m, B * L0 * E);
-  x->pe_mean = arena_floats(a, B * L0);
-  x->pe_rstd = arena_floats(a, B * L0);
-  x->drop_scales = arena_floats(a, 2 * (int64_t)m->num_blocks * B);
+  x->patches = ACT(p, (B, L0, m->patch_dim), "patches");
+  x->pe = ACT(p, (B, L0, E), "patch_embed");
+  x->pe_mean = F32(p, (B * L0), "patch_embed.ln_mean");
+  x->pe_rstd = F32(p, (B * L0), "patch_embed.ln_rstd");
+  x->drop_scales = F32(p, (2 * (int64_t)m->num_blocks, B), "drop_path_scales");
   int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0;
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
-    int64_t BL = (int64_t)B * g->H * g->W, C = g->C;
+    int64_t L = (int64_t)g->H * g->W, BL = B * L, C = g->C;
     if (g->merge) {
-      x->merge_ln[s] = arena_act(a, m, BL * 2 * C);
-      x->merge_mean[s] = arena_floats(a, BL);
-      x->merge_rstd[s] = arena_floats(a, BL);
+      x->merge_ln[s] = ACT(p, (B, L, 2 * C), "layers.%d.downsample", s);
+      x->merge_mean[s] = F32(p, (BL), "layers.%d.downsample.ln_mean", s);
+      x->merge_rstd[s] = F32(p, (BL), "layers.%d.downsample.ln_rstd", s);
     }
     for (int j = 0; j < g->depth; j++) {
-      int gi = g->first_block + j;
-      BlockActs *b = &x->blocks[gi];
-      b->x = arena_act(a, m, BL * C);
-      b->ln1_mean = arena_floats(a, BL);
-      b->ln1_rstd = arena_floats(a, BL);
-      b->qkv = arena_act(a, m, BL * 3 * C);
-      b->att = arena_floats(
-          a, m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads));
-      b->attn_out = arena_act(a, m, BL * C);
-      b->x1 = arena_act(a, m, BL * C);
-      b->ln2_mean = arena_floats(a, BL);
-      b->ln2_rstd = arena_floats(a, BL);
-      b->fc1 = arena_act(a, m, BL * g->hidden);
+      BlockActs *b = &x->blocks[g->first_block + j];
+      b->x = ACT(p, (B, L, C), "layers.%d.blocks.%d.x", s, j);
+      b->ln1_mean = F32(p, (BL), "layers.%d.blocks.%d.ln1_mean", s, j);
+      b->ln1_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln1_rstd", s, j);
+      b->qkv = ACT(p, ((int64_t)B * g->nW, g->N, 3 * C), "layers.%d.blocks.%d.qkv", s, j);
+      b->att = F32(p, (m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads)),
+                   "layers.%d.blocks.%d.attn_saved", s, j);
+      b->attn_out = ACT(p, ((int64_t)B * g->nW, g->N, C), "layers.%d.blocks.%d.attn_out", s, j);
+      b->x1 = ACT(p, (B, L, C), "layers.%d.blocks.%d.x1", s, j);
+      b->ln2_mean = F32(p, (BL), "layers.%d.blocks.%d.ln2_mean", s, j);
+      b->ln2_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln2_rstd", s, j);
+      b->fc1 = ACT(p, (B, L, g->hidden), "layers.%d.blocks.%d.fc1", s, j);
       // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
     }
-    x->stage_out[s] = arena_act(a, m, BL * C);
+    x->stage_out[s] = ACT(p, (B, L, C), "layers.%d.out", s);
     if (BL * C > max_lc) max_lc = BL * C;
     if (BL * g->hidden > max_hidden) max_hidden = BL * g->hidden;
     if (BL * 3 * C > max_qkv) max_qkv = BL * 3 * C;
   }
   const StageGeom *last = &m->stages[m->num_stages - 1];
-  int64_t BLl = (int64_t)B * last->H * last->W;
-  x->norm_mean = arena_floats(a, BLl);
-  x->norm_rstd = arena_floats(a, BLl);
-  x->norm_out = arena_act(a, m, BLl * last->C);
-  x->pooled = arena_floats(a, (int64_t)B * last->C);
-  x->logits = arena_floats(a, (int64_t)B * c->num_classes);
-  x->dlogits = arena_floats(a, (int64_t)B * c->num_classes);
-  x->xw = arena_act(a, m, max_lc);
-  x->ln2 = arena_act(a, m, max_lc);
-  x->hidden = arena_act(a, m, max_hidden);
-  x->branch = arena_act(a, m, max_lc);
-  x->dres = arena_floats(a, max_lc);
-  x->dbranch = arena_act(a, m, max_lc);
-  x->dln = arena_act(a, m, max_lc);
-  x->dattn = arena_act(a, m, max_lc);
-  x->dhidden = arena_act(a, m, max_hidden);
-  x->dqkv = arena_act(a, m, max_qkv);
+  int64_t Ll = (int64_t)last->H * last->W, BLl = B * Ll;
+  x->norm_mean = F32(p, (BLl), "norm.ln_mean");
+  x->norm_rstd = F32(p, (BLl), "norm.ln_rstd");
+  x->norm_out = ACT(p, (B, Ll, last->C), "norm");
+  x->pooled = F32(p, (B, last->C), "pooled");
+  x->logits = F32(p, (B, c->num_classes), "logits");
+  x->dlogits = F32(p, (B, c->num_classes), "logits.grad");
+  // The shared buffers hold the largest of their uses (flat).
+  x->xw = ACT(p, (max_lc), "shared.ln1_windows");
+  x->ln2 = ACT(p, (max_lc), "shared.ln2");
+  x->hidden = ACT(p, (max_hidden), "shared.gelu");
+  x->branch = ACT(p, (max_lc), "shared.branch");
+  x->dres = F32(p, (max_lc), "shared.residual.grad");
+  x->dbranch = ACT(p, (max_lc), "shared.branch.grad");
+  x->dln = ACT(p, (max_lc), "shared.ln.grad");
+  x->dattn = ACT(p, (max_lc), "shared.attn.grad");
+  x->dhidden = ACT(p, (max_hidden), "shared.hidden.grad");
+  x->dqkv = ACT(p, (max_qkv), "shared.qkv.grad");
+  return plan.rows;
 }
+#undef ACT
+#undef F32
 
 // What the backend's private scratch must hold for this model at batch B.
 static BackendNeeds backend_needs(const Model *m, int B) {
@@ -334,7 +361,8 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
   }
   m->block_drop_be = backend_copy(be, m->block_drop, sizeof(float) * (size_t)m->num_blocks);
   Arena counting = {.name = "activations (counting)"};
-  plan_activations(m, &counting, max_batch);
+  m->num_acts = plan_activations(m, &counting, max_batch);
+  m->act_table = calloc_check((size_t)m->num_acts, sizeof(Tensor));
   arena_init_at(&m->acts_arena, "activations", be->device, ops->alloc(be, counting.used),
                 counting.used);
   plan_activations(m, &m->acts_arena, max_batch);
@@ -366,6 +394,7 @@ void model_destroy(Model *m) {
   free(m->w.blocks);
   free(m->g.blocks);
   free(m->acts.blocks);
+  free(m->act_table);
   memset(m, 0, sizeof *m);
 }
 

@@ -153,6 +153,10 @@ typedef struct {
   void *grads_ready_ctx;
   Arena acts_arena;
   Activations acts;
+  // The activation table: every buffer of acts as a tensor (name, dtype, shape, its memory in
+  // acts_arena), in the order planned; the shared buffers are flat. NULL without a backend.
+  Tensor *act_table;
+  int num_acts;
 } Model;
 
 // Builds geometry and the parameter table. With a backend, also allocates in its memory the
