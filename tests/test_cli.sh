@@ -124,6 +124,19 @@ expect "the progress line carries the data wait" 0 "step 2/2 .* img/s [0-9]+  da
 expect "metrics.jsonl carries the data wait" 0 '"data_wait": [0-9.]+' -- \
   cat "$tmp/data_wait/metrics.jsonl"
 
+# eval = true: the given weights on the val split, one metrics record, no step, no checkpoint.
+expect "eval=1 evaluates a checkpoint and exits" 0 \
+  "eval: top1 [0-9.]+%  top5 [0-9.]+%  loss [0-9.]+  \([0-9]+ images in .* img/s; weights resume=.*ckpt-00000002.safetensors, step 2\)" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu eval=1 resume="$ckpt" \
+  run_dir="$tmp/eval"
+expect "eval=1 writes one eval_only record and no checkpoint" 0 "^1 record, 0 checkpoints$" -- \
+  bash -c 'echo "$(grep -c "\"eval_only\": true" "$1/metrics.jsonl") record, $(ls "$1" | grep -c "^ckpt-") checkpoints"' _ "$tmp/eval"
+expect "eval=1 needs weights" 1 "eval = true evaluates given weights, but neither init_from nor resume is set" -- \
+  "$bin" --dry-run "$src/tests/tiny_fashion.ini" eval=1
+expect "eval=1 with resume=auto and no checkpoint" 1 "resume=auto found no checkpoint" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu eval=1 resume=auto \
+  run_dir="$tmp/eval_empty"
+
 # configs/README.md's key reference is the program's own.
 readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/configs/README.md" | sed '1d;$d')
 expect "configs/README.md key reference matches swin_train --keys" 0 "^same$" -- \

@@ -1,6 +1,7 @@
 // test_export.c: weights out and in. Export then import is bit-exact in f32 and within the
 // format's precision in bf16/f16; import understands the official layout; a different class
-// count replaces the head with a notice; a missing, extra or misshapen tensor is named.
+// count replaces the head with a notice; bias tables follow another window size; a missing,
+// extra or misshapen tensor is named.
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <unistd.h>
@@ -139,6 +140,55 @@ int main(void) {
     test_check(rc == 0 && memcmp(a.weights, b.weights, sizeof(float) * a.num_floats) == 0,
                "official layout imports to the same weights%s%s", rc ? ": " : "",
                rc ? err.msg : "");
+  }
+
+  // Another window size (fine-tuning 16 px / window 4 at 24 px / window 6): every bias table
+  // is resized by bias_table_resize from the file's 7x7 grid to 11x11, with a notice each; a
+  // table with another head count is an error naming it.
+  {
+    Config wide = small(10);
+    wide.img_h = wide.img_w = 24;
+    wide.window_size = 6;
+    Model c;
+    if (model_create(&c, &wide, NULL, 0, &err) != 0) {
+      test_check(0, "window-6 model: %s", err.msg);
+    } else {
+      FILE *log = tmpfile();
+      int rc = import_weights(&c, path("a_f32.safetensors"), log, &err);
+      char text[4096] = {0};
+      rewind(log);
+      text[fread(text, 1, sizeof text - 1, log)] = 0;
+      fclose(log);
+      int resized = 0, wrong = 0;
+      for (int i = 0; rc == 0 && i < c.num_params; i++) {
+        const Param *pc = &c.params[i];
+        if (!strstr(pc->t.name, "relative_position_bias_table")) continue;
+        const Param *pa = model_find_param(&a, pc->t.name);
+        int heads = (int)pc->t.shape[1];
+        float want[121 * 4];
+        bias_table_resize(a.weights + pa->offset, 7, 7, want, 11, 11, heads);
+        wrong += pc->t.shape[0] != 121 ||
+                 memcmp(want, c.weights + pc->offset, sizeof(float) * 121 * (size_t)heads) != 0;
+        resized++;
+      }
+      test_check(rc == 0 && resized == 4 && wrong == 0 &&
+                     strstr(text,
+                            "layers.1.blocks.1.attn.relative_position_bias_table resized "
+                            "from window 4x4 to 6x6"),
+                 "window 4 -> 6: %d bias tables resized (want 4), %d differ from "
+                 "bias_table_resize%s%s",
+                 resized, wrong, rc ? ": " : "", rc ? err.msg : "");
+      model_destroy(&c);
+    }
+    wide.num_heads[0] = 4;
+    if (model_create(&c, &wide, NULL, 0, &err) == 0) {
+      int rc = import_weights(&c, path("a_f32.safetensors"), NULL, &err);
+      test_check(
+          rc != 0 && strstr(err.msg, "layers.0.blocks.0.attn.relative_position_bias_table") &&
+              strstr(err.msg, "same head count"),
+          "a bias table with 2 heads into a model with 4 is refused, naming it: %s", err.msg);
+      model_destroy(&c);
+    }
   }
 
   // Another class count: the head is replaced, with a notice.

@@ -562,6 +562,11 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   bool resumed = false;
   if (is_lead(t) && !t->e2e && lead_start(t, &resumed, err) != 0) return -1;
   if (share_start(t, resumed, err) != 0) return -1;
+  if (cfg->eval_only && !cfg->init_from[0] && !resumed)
+    return error_set(err,
+                     "eval = true: resume=%s found no checkpoint in '%s', so there are no weights "
+                     "to evaluate\nHINT: set resume=CHECKPOINT or init_from=WEIGHTS",
+                     cfg->resume, cfg->run_dir);
   settle_loss_scale(t);
   model_weights_to_backend(m);
   optimizer_upload_moments(&t->opt, m);
@@ -974,12 +979,39 @@ static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
   return 0;
 }
 
+// eval = true: the val split once with the weights set up, one metrics record, nothing else.
+static int eval_only(Trainer *t, Error *err) {
+  EvalResult r;
+  double t0 = time_now_s();
+  if (evaluate(t, &r, err) != 0) return -1;
+  double seconds = time_now_s() - t0, img_s = seconds > 0 ? (double)r.count / seconds : 0;
+  char weights[CONFIG_STR_MAX + 16];
+  if (t->cfg->init_from[0])
+    snprintf(weights, sizeof weights, "%s", t->cfg->init_from);
+  else
+    snprintf(weights, sizeof weights, "resume=%s", t->cfg->resume);
+  printf(
+      "eval: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images in %.1fs, %.0f img/s; weights "
+      "%s, step %lld)\n",
+      r.top1, r.top5, r.loss, (long long)r.count, seconds, img_s, weights,
+      (long long)t->state.step);
+  return metrics_write(&t->metrics, err,
+                       "{\"step\": %lld, \"eval_only\": true, \"eval_top1\": %.4f, "
+                       "\"eval_top5\": %.4f, \"eval_loss\": %.6f, \"eval_images\": %lld, "
+                       "\"eval_img_per_s\": %.1f}",
+                       (long long)t->state.step, r.top1, r.top5, r.loss, (long long)r.count, img_s);
+}
+
 int train_run(const Config *cfg, Comm *comm, Error *err) {
   Trainer t;
   int rc = -1;
   Batch *b = NULL;
   int slot = TRAIN_SLOT;
   if (trainer_setup(&t, cfg, comm, err) != 0) goto done;
+  if (cfg->eval_only) {
+    rc = eval_only(&t, err);
+    goto done;
+  }
   if (t.e2e) t.total_steps = t.state.step + cfg->bench_warmup + cfg->bench_steps;
 
   double t_start = time_now_s(), t_window = t_start;

@@ -99,6 +99,11 @@ static const ConfigKey config_keys[] = {
      "compute type of activations and GEMM weights: fp32, bf16 or fp16 (cuda only; fp32 master "
      "weights and AdamW state either way; fp16 adds dynamic loss scaling)",
      TEXT(precision), .choices = "fp32|bf16|fp16"},
+    {"eval", KEY_BOOL, "false",
+     "evaluate instead of training: the weights of init_from (or resume) on the val split, on "
+     "the chosen device; prints top-1, top-5, loss and img/s, writes one metrics record to "
+     "run_dir and exits (no step, no checkpoint)",
+     SCALAR(eval_only)},
     {"bench", KEY_ENUM, "off",
      "benchmark instead of training (nothing is written): step (or 1, true) times the training "
      "step on a synthetic batch resident on the device (throughput, MFU, memory, the GPU time "
@@ -1201,6 +1206,17 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "train.mixup / train.cutmix pair each sample with the batch's reverse, so "
                      "train.batch_size must be even (it is %d)\nHINT: set train.batch_size=%d",
                      c->batch_size, c->batch_size + 1);
+  if (c->eval_only && !c->init_from[0] && !c->resume[0])
+    return error_set(err,
+                     "eval = true evaluates given weights, but neither init_from nor resume is "
+                     "set\nHINT: add init_from=WEIGHTS.safetensors (timm or official layout) or "
+                     "resume=CHECKPOINT (or resume=auto for run_dir's newest)");
+  if (c->eval_only && strcmp(c->bench, "off") != 0 && strcmp(c->bench, "0") != 0 &&
+      strcmp(c->bench, "false") != 0)
+    return error_set(err,
+                     "eval = true and bench = %s both ask for another run than training\n"
+                     "HINT: set one of them",
+                     c->bench);
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)

@@ -95,6 +95,8 @@ typedef struct {
   char reduce_dtype[8];  // "fp32" or "bf16": how gradients travel between GPUs
   float timeout_s;       // GPU: longest wait for the other ranks in NCCL before the job ends
 
+  bool eval_only;  // eval: evaluate init_from / resume's weights on the val split and exit
+
   // [bench]
   char bench[8];     // "off", "step" (src/app/bench.c) or "e2e" (src/app/train.c); 1/true = step
   int bench_steps;   // timed steps

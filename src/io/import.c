@@ -1,6 +1,7 @@
 // import.c: timm / official state dicts <-> the model's flat fp32 weights.
 #include "src/io/import.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,80 @@ static void convert_to_f32(float *dst, const void *src, DType dtype, int64_t n) 
   }
 }
 
+// Keys' cubic convolution with A = -0.75 (PyTorch's bicubic): weights of the taps at
+// floor(x) - 1 .. floor(x) + 2 for the fraction t = x - floor(x).
+static void cubic_weights(double t, double w[4]) {
+  const double A = -0.75;
+  double x = t + 1, y = 1 - t, z = 2 - t;
+  w[0] = ((A * x - 5 * A) * x + 8 * A) * x - 4 * A;
+  w[1] = ((A + 2) * t - (A + 3)) * t * t + 1;
+  w[2] = ((A + 2) * y - (A + 3)) * y * y + 1;
+  w[3] = ((A * z - 5 * A) * z + 8 * A) * z - 4 * A;
+}
+
+static int clamp_index(int i, int n) {
+  return i < 0 ? 0 : i >= n ? n - 1 : i;
+}
+
+void bias_table_resize(const float *src, int sh, int sw, float *dst, int dh, int dw, int heads) {
+  double scale_y = (double)sh / dh, scale_x = (double)sw / dw;
+  for (int y = 0; y < dh; y++) {
+    double fy = (y + 0.5) * scale_y - 0.5, wy[4];
+    int y0 = (int)floor(fy);
+    cubic_weights(fy - y0, wy);
+    for (int x = 0; x < dw; x++) {
+      double fx = (x + 0.5) * scale_x - 0.5, wx[4];
+      int x0 = (int)floor(fx);
+      cubic_weights(fx - x0, wx);
+      for (int h = 0; h < heads; h++) {
+        double v = 0;
+        for (int i = 0; i < 4; i++) {
+          const float *row = src + (int64_t)clamp_index(y0 - 1 + i, sh) * sw * heads;
+          double r = 0;
+          for (int j = 0; j < 4; j++)
+            r += wx[j] * row[(int64_t)clamp_index(x0 - 1 + j, sw) * heads + h];
+          v += wy[i] * r;
+        }
+        dst[((int64_t)y * dw + x) * heads + h] = (float)v;
+      }
+    }
+  }
+}
+
+// A relative-position bias table of another window size (fine-tuning at another window or
+// image size): the file's (S * S, heads) table, S = 2 W1 - 1 for its square window W1, resized
+// to this stage's grid (2 wh - 1) x (2 ww - 1) into dst. Fails naming the tensor when the head
+// counts differ or the file's row count is not an odd square.
+static int resize_bias_table(const Model *m, const Param *p, const Tensor *got, float *dst,
+                             const char *path, FILE *log, Error *err) {
+  int stage = -1;
+  sscanf(p->t.name, "layers.%d.", &stage);
+  int64_t rows = got->ndim == 2 ? got->shape[0] : 0;
+  int side = (int)llround(sqrt((double)rows));
+  if (stage < 0 || stage >= m->num_stages || got->ndim != 2 || got->shape[1] != p->t.shape[1] ||
+      (int64_t)side * side != rows || side % 2 == 0)
+    return error_set(err,
+                     "init_from '%s': tensor '%s' has shape (%lld, %lld); this model's is (%lld, "
+                     "%lld): a bias table can be resized to another window only with the same "
+                     "head count and a square window in the file\n"
+                     "HINT: check model.num_heads",
+                     path, p->t.name, (long long)(got->ndim > 0 ? got->shape[0] : 0),
+                     (long long)(got->ndim > 1 ? got->shape[1] : 0), (long long)p->t.shape[0],
+                     (long long)p->t.shape[1]);
+  const StageGeom *g = &m->stages[stage];
+  int heads = (int)p->t.shape[1];
+  float *src = malloc_check(sizeof(float) * (size_t)rows * (size_t)heads);
+  convert_to_f32(src, got->data, got->dtype, rows * heads);
+  bias_table_resize(src, side, side, dst, 2 * g->wh - 1, 2 * g->ww - 1, heads);
+  free(src);
+  if (log)
+    fprintf(log,
+            "init_from: notice: %s resized from window %dx%d to %dx%d (bicubic, as the official "
+            "load_pretrained)\n",
+            p->t.name, (side + 1) / 2, (side + 1) / 2, g->wh, g->ww);
+  return 0;
+}
+
 int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   SafeTensors st;
   if (safetensors_read(&st, path, err) != 0) return error_prefix(err, "init_from: ");
@@ -75,25 +150,30 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
     }
     Tensor got = safetensors_entry_tensor(&st, e);
     if (!tensor_same_shape(&got, &p->t)) {
-      char got[96], want[96];
-      shape_text(got, sizeof got, e->ndim, e->shape);
-      shape_text(want, sizeof want, p->t.ndim, p->t.shape);
-      // Fine-tuning to another class count: only dim 0 of head.fc.* differs; keep the fresh head.
-      bool head = strncmp(p->t.name, "head.fc.", 8) == 0 && e->ndim == p->t.ndim;
-      for (int d = 1; head && d < p->t.ndim; d++) head = e->shape[d] == p->t.shape[d];
-      if (head) {
-        new_head = true;
-        seen[p - m->params] = true;
-        continue;
+      if (strstr(p->t.name, ".relative_position_bias_table")) {
+        if (resize_bias_table(m, p, &got, staged + p->offset, path, log, err) != 0) goto done;
+      } else {
+        char got[96], want[96];
+        shape_text(got, sizeof got, e->ndim, e->shape);
+        shape_text(want, sizeof want, p->t.ndim, p->t.shape);
+        // Fine-tuning to another class count: only dim 0 of head.fc.* differs; keep the fresh head.
+        bool head = strncmp(p->t.name, "head.fc.", 8) == 0 && e->ndim == p->t.ndim;
+        for (int d = 1; head && d < p->t.ndim; d++) head = e->shape[d] == p->t.shape[d];
+        if (head) {
+          new_head = true;
+          seen[p - m->params] = true;
+          continue;
+        }
+        error_set(err,
+                  "init_from '%s': tensor '%s' has shape %s, this model expects %s\n"
+                  "HINT: check model.* (embed_dim, depths, num_heads, window_size, img_size)",
+                  path, e->name, got, want);
+        goto done;
       }
-      error_set(err,
-                "init_from '%s': tensor '%s' has shape %s, this model expects %s\n"
-                "HINT: check model.* (embed_dim, depths, num_heads, window_size, img_size)",
-                path, e->name, got, want);
-      goto done;
+    } else {
+      convert_to_f32(staged + p->offset, got.data, got.dtype, tensor_numel(&got));
     }
-    convert_to_f32(staged + p->offset, got.data, got.dtype, tensor_numel(&got));
-    int64_t bad = first_nonfinite(staged + p->offset, tensor_numel(&got));
+    int64_t bad = first_nonfinite(staged + p->offset, tensor_numel(&p->t));
     if (bad >= 0) {
       error_set(err,
                 "init_from '%s': tensor '%s' holds %s (element %lld)\n"

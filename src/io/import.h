@@ -5,7 +5,8 @@
 // or official-layout (downsample at the end of stages 0..2, head.{weight,bias}) safetensors in
 // any of those dtypes; buffers (relative_position_index, attn_mask) are ignored. A different
 // class count replaces the head (kept at its fresh initialization) with a printed notice; a
-// missing, extra or misshapen tensor is an error that names it.
+// relative-position bias table of another window size is resized (bias_table_resize) with a
+// notice per tensor; any other missing, extra or misshapen tensor is an error that names it.
 #pragma once
 #include <stdio.h>
 
@@ -16,6 +17,12 @@
 #include "src/model/model.h"
 
 int import_weights(Model *m, const char *path, FILE *log, Error *err);
+
+// Resizes a relative-position bias table: per head, the (sh x sw, heads) table (row y * sw + x)
+// as an sh x sw image resized to dh x dw as PyTorch's interpolate(mode='bicubic',
+// align_corners=False) does: Keys' cubic with A = -0.75, source coordinate
+// (i + 0.5) * s / d - 0.5, taps clamped at the border; the official load_pretrained's resize.
+void bias_table_resize(const float *src, int sh, int sw, float *dst, int dh, int dw, int heads);
 int export_weights(const Model *m, const char *path, DType dtype, Error *err);
 
 // swin_predict's input: tensor "input", F32 (B, img_h, img_w, in_chans), channels-last,
