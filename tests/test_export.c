@@ -191,6 +191,53 @@ int main(void) {
     }
   }
 
+  // init_head_map keeps the mapped rows of a larger head (22k -> 1k); a missing file, a map of
+  // the wrong length, an index outside the file's head and a non-number are named.
+  {
+    Model c;
+    make(&c, 4, 3);
+    char map[256];  // path()'s buffers rotate
+    snprintf(map, sizeof map, "%s", path("map.txt"));
+    struct {
+      const char *text, *want;  // want NULL: accepted
+    } maps[] = {
+        {"7\n2\n9\n0\n", NULL},
+        {NULL, "cannot open"},
+        {"7\n2\n9\n", "has 3 lines, but model.num_classes is 4"},
+        {"7\n2\n10\n0\n", "map.txt:3: class 10 is outside init_from's head of 10 classes"},
+        {"7\n2x\n9\n0\n", "map.txt:2: '2x' is not a class index"},
+    };
+    for (size_t k = 0; k < sizeof maps / sizeof maps[0]; k++) {
+      remove(map);
+      if (maps[k].text) {
+        FILE *f = fopen(map, "w");
+        fputs(maps[k].text, f);
+        fclose(f);
+      }
+      snprintf(c.cfg.init_head_map, sizeof c.cfg.init_head_map, "%s", map);
+      int rc = import_weights(&c, path("a_f32.safetensors"), NULL, &err);
+      if (maps[k].want) {
+        test_check(rc != 0 && strstr(err.msg, maps[k].want), "init_head_map refused (%s): %s",
+                   maps[k].want, rc ? err.msg : "accepted");
+        continue;
+      }
+      const Param *cw = model_find_param(&c, "head.fc.weight"),
+                  *aw = model_find_param(&a, "head.fc.weight");
+      const Param *cb = model_find_param(&c, "head.fc.bias"),
+                  *ab = model_find_param(&a, "head.fc.bias");
+      int64_t row = cw->t.shape[1], wrong = 0, want_rows[4] = {7, 2, 9, 0};
+      for (int i = 0; rc == 0 && i < 4; i++)
+        wrong +=
+            memcmp(c.weights + cw->offset + i * row, a.weights + aw->offset + want_rows[i] * row,
+                   sizeof(float) * (size_t)row) != 0 ||
+            c.weights[cb->offset + i] != a.weights[ab->offset + want_rows[i]];
+      test_check(rc == 0 && wrong == 0,
+                 "init_head_map 7,2,9,0: head rows kept from the 10-class head (%lld wrong)%s%s",
+                 (long long)wrong, rc ? ": " : "", rc ? err.msg : "");
+    }
+    model_destroy(&c);
+  }
+
   // Another class count: the head is replaced, with a notice.
   {
     Model c;

@@ -87,6 +87,11 @@ static const ConfigKey config_keys[] = {
     {"init_from", KEY_STRING, "",
      "safetensors weights (timm or official layout) to start from; \"\" = random init",
      TEXT(init_from)},
+    {"init_head_map", KEY_STRING, "",
+     "with init_from and another class count: a text file of source-class indices, one line per "
+     "target class (as the official data/map22kto1k.txt), whose head rows are kept; \"\" = a "
+     "fresh head",
+     TEXT(init_head_map)},
     {"seed", KEY_UINT64, "0", "seed of every random draw (init, augmentation, drop path, shuffle)",
      SCALAR(seed)},
     {"device", KEY_ENUM, "auto",
@@ -1206,6 +1211,11 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "train.mixup / train.cutmix pair each sample with the batch's reverse, so "
                      "train.batch_size must be even (it is %d)\nHINT: set train.batch_size=%d",
                      c->batch_size, c->batch_size + 1);
+  if (c->init_head_map[0] && !c->init_from[0])
+    return error_set(err,
+                     "init_head_map = %s maps the classes of init_from's head, but init_from is "
+                     "not set\nHINT: set init_from=WEIGHTS.safetensors or remove init_head_map",
+                     c->init_head_map);
   if (c->eval_only && !c->init_from[0] && !c->resume[0])
     return error_set(err,
                      "eval = true evaluates given weights, but neither init_from nor resume is "

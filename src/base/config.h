@@ -17,9 +17,10 @@
 
 typedef struct {
   // top level
-  char run_dir[CONFIG_STR_MAX];    // where checkpoints and metrics.jsonl go
-  char resume[CONFIG_STR_MAX];     // "" (none), "auto", or a checkpoint path
-  char init_from[CONFIG_STR_MAX];  // "" or a safetensors file of timm/official weights
+  char run_dir[CONFIG_STR_MAX];        // where checkpoints and metrics.jsonl go
+  char resume[CONFIG_STR_MAX];         // "" (none), "auto", or a checkpoint path
+  char init_from[CONFIG_STR_MAX];      // "" or a safetensors file of timm/official weights
+  char init_head_map[CONFIG_STR_MAX];  // "" or init_from's class index of each class, a line each
   uint64_t seed;
   char device[16];    // "auto", "cpu" or "cuda"
   int threads;        // OpenMP threads for CPU kernels, 0 = all cores

@@ -1,6 +1,7 @@
 // import.c: timm / official state dicts <-> the model's flat fp32 weights.
 #include "src/io/import.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,65 @@ static int resize_bias_table(const Model *m, const Param *p, const Tensor *got, 
   return 0;
 }
 
+// init_head_map: `classes` lines, line i the index in init_from's head of this model's class i.
+static int read_head_map(const char *path, int classes, int64_t source_classes, int64_t **out,
+                         Error *err) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return error_set(err, "init_head_map: cannot open '%s': %s\nHINT: check the path", path,
+                     strerror(errno));
+  int64_t *map = malloc_check(sizeof(int64_t) * (size_t)classes);
+  char line[128];
+  int n = 0, rc = 0;
+  while (rc == 0 && fgets(line, sizeof line, f)) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(line, &end, 10);
+    while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n') end++;
+    if (end == line || *end || errno)
+      rc = error_set(err, "init_head_map %s:%d: '%.40s' is not a class index", path, n + 1,
+                     strtok(line, "\r\n"));
+    else if (v < 0 || v >= source_classes)
+      rc = error_set(err,
+                     "init_head_map %s:%d: class %lld is outside init_from's head of %lld classes",
+                     path, n + 1, v, (long long)source_classes);
+    else if (n < classes)
+      map[n] = v;
+    n++;
+  }
+  fclose(f);
+  if (rc == 0 && n != classes)
+    rc = error_set(err,
+                   "init_head_map '%s' has %d lines, but model.num_classes is %d\n"
+                   "HINT: one line per class of this model, each a class index of init_from's head",
+                   path, n, classes);
+  if (rc != 0) {
+    free(map);
+    return -1;
+  }
+  *out = map;
+  return 0;
+}
+
+// head.fc.* with init_head_map: row i of this model's tensor is row map[i] of the file's.
+static int map_head(const Param *p, const Tensor *got, const int64_t *map, float *dst,
+                    const char *path, Error *err) {
+  bool ok = got->ndim == p->t.ndim;
+  for (int d = 1; ok && d < p->t.ndim; d++) ok = got->shape[d] == p->t.shape[d];
+  if (!ok)
+    return error_set(err,
+                     "init_from '%s': tensor '%s' has another shape than this model's beyond "
+                     "its class dimension\nHINT: check model.* (embed_dim, depths)",
+                     path, p->t.name);
+  int64_t row = tensor_numel(&p->t) / p->t.shape[0];
+  float *src = malloc_check(sizeof(float) * (size_t)tensor_numel(got));
+  convert_to_f32(src, got->data, got->dtype, tensor_numel(got));
+  for (int64_t i = 0; i < p->t.shape[0]; i++)
+    memcpy(dst + i * row, src + map[i] * row, sizeof(float) * (size_t)row);
+  free(src);
+  return 0;
+}
+
 int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   SafeTensors st;
   if (safetensors_read(&st, path, err) != 0) return error_prefix(err, "init_from: ");
@@ -126,6 +186,7 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   float *staged = malloc_check(sizeof(float) * (size_t)m->num_floats);
   memcpy(staged, m->weights, sizeof(float) * (size_t)m->num_floats);
   bool new_head = false;
+  int64_t *head_map = NULL, head_classes = 0;  // init_head_map's rows, the file's class count
   int rc = -1;
   for (int i = 0; i < st.count; i++) {
     const SafeTensorEntry *e = &st.entries[i];
@@ -149,7 +210,14 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
       goto done;
     }
     Tensor got = safetensors_entry_tensor(&st, e);
-    if (!tensor_same_shape(&got, &p->t)) {
+    const char *map_path = m->cfg.init_head_map;
+    if (map_path[0] && strncmp(p->t.name, "head.fc.", 8) == 0) {
+      if ((!head_map && read_head_map(map_path, m->cfg.num_classes, got.ndim ? got.shape[0] : 0,
+                                      &head_map, err) != 0) ||
+          map_head(p, &got, head_map, staged + p->offset, path, err) != 0)
+        goto done;
+      head_classes = got.shape[0];
+    } else if (!tensor_same_shape(&got, &p->t)) {
       if (strstr(p->t.name, ".relative_position_bias_table")) {
         if (resize_bias_table(m, p, &got, staged + p->offset, path, log, err) != 0) goto done;
       } else {
@@ -195,11 +263,17 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
     if (new_head)
       fprintf(log,
               "init_from: notice: the file's head has another class count; head.fc is "
-              "freshly initialized for %d classes\n",
+              "freshly initialized for %d classes (trunc-normal std 0.02 and bias 0, as timm)\n",
               m->cfg.num_classes);
+    if (head_map)
+      fprintf(log,
+              "init_from: head.fc: the rows of %d classes kept from the file's %lld by "
+              "init_head_map %s\n",
+              m->cfg.num_classes, (long long)head_classes, m->cfg.init_head_map);
   }
   rc = 0;
 done:
+  free(head_map);
   free(seen);
   free(staged);
   safetensors_free(&st);
