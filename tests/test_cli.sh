@@ -35,6 +35,10 @@ expect "dry-run prints the stage table" 0 "layers\.3 +7x7 +768 +2 +24 +7x7" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini"
 expect "dry-run prints the resolved config" 0 "model\.embed_dim" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini"
+expect "swin_base_384.ini: Swin-B at 384 / window 12" 0 "parameters: 87,903,584" -- \
+  "$bin" --dry-run "$src/configs/swin_base_384.ini"
+expect "swin_large_384.ini: Swin-L at 384 / window 12" 0 "parameters: 196,735,516" -- \
+  "$bin" --dry-run "$src/configs/swin_large_384.ini"
 expect "dry-run of the default config" 0 "parameters:" -- \
   "$bin" --dry-run "$src/configs/fashion_mnist.ini"
 expect "override changes the model" 0 "model: Swin, image 224x224x3, patch 4, embed 64" -- \
