@@ -128,6 +128,13 @@ expect "the progress line carries the data wait" 0 "step 2/2 .* img/s [0-9]+  da
 expect "metrics.jsonl carries the data wait" 0 '"data_wait": [0-9.]+' -- \
   cat "$tmp/data_wait/metrics.jsonl"
 
+# Fine-tuning a checkpoint at another image and window size: its weights without the optimizer
+# state, each bias table resized with a notice.
+expect "init_from a checkpoint at window 6 resizes the bias tables" 0 \
+  "layers\.1\.blocks\.1\.attn\.relative_position_bias_table resized from window 4x4 to 6x6.*a swin.c checkpoint's weights, without its optimizer state" -- \
+  bash -c '"$@" 2>&1 | tr "\n" " "' _ "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu \
+  train.max_steps=1 init_from="$ckpt" model.img_size=24 model.window_size=6 run_dir="$tmp/finetune"
+
 # eval = true: the given weights on the val split, one metrics record, no step, no checkpoint.
 expect "eval=1 evaluates a checkpoint and exits" 0 \
   "eval: top1 [0-9.]+%  top5 [0-9.]+%  loss [0-9.]+  \([0-9]+ images in .* img/s; weights resume=.*ckpt-00000002.safetensors, step 2\)" -- \

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "src/base/config.h"
+#include "src/io/checkpoint.h"
 #include "src/io/safetensors.h"
 
 // Official checkpoints put patch merging at the end of stage i (layers.i.downsample) where timm
@@ -182,6 +183,9 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   SafeTensors st;
   if (safetensors_read(&st, path, err) != 0) return error_prefix(err, "init_from: ");
   bool official = !safetensors_find(&st, "head.fc.weight") && safetensors_find(&st, "head.weight");
+  // A swin.c checkpoint gives its weights; its optimizer moments stay behind (a fresh run).
+  const char *format = safetensors_meta_get(&st, "format");
+  bool checkpoint = format && strcmp(format, CHECKPOINT_FORMAT) == 0;
   bool *seen = calloc_check((size_t)m->num_params, sizeof(bool));
   float *staged = malloc_check(sizeof(float) * (size_t)m->num_floats);
   memcpy(staged, m->weights, sizeof(float) * (size_t)m->num_floats);
@@ -190,7 +194,7 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   int rc = -1;
   for (int i = 0; i < st.count; i++) {
     const SafeTensorEntry *e = &st.entries[i];
-    if (is_buffer(e->name)) continue;
+    if (is_buffer(e->name) || (checkpoint && strncmp(e->name, "optim.", 6) == 0)) continue;
     char name[256];
     if (official)
       official_to_timm(e->name, name, sizeof name);
@@ -259,7 +263,10 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
     }
   memcpy(m->weights, staged, sizeof(float) * (size_t)m->num_floats);
   if (log) {
-    fprintf(log, "init_from: loaded %s (%s layout)\n", path, official ? "official" : "timm");
+    fprintf(log, "init_from: loaded %s (%s)\n", path,
+            checkpoint ? "a swin.c checkpoint's weights, without its optimizer state"
+            : official ? "official layout"
+                       : "timm layout");
     if (new_head)
       fprintf(log,
               "init_from: notice: the file's head has another class count; head.fc is "
