@@ -3,7 +3,8 @@
 // Export writes a flat timm state dict (timm names, no buffers) as safetensors in f32, bf16 or
 // f16, loadable by timm.create_model(...).load_state_dict(strict=True). Import reads timm-layout
 // or official-layout (downsample at the end of stages 0..2, head.{weight,bias}) safetensors in
-// any of those dtypes; buffers (relative_position_index, attn_mask) are ignored. A different
+// any of those dtypes, or a swin.c checkpoint's weights (its optimizer moments are skipped);
+// buffers (relative_position_index, attn_mask) are ignored. A different
 // class count replaces the head (kept at its fresh initialization) with a printed notice; a
 // relative-position bias table of another window size is resized (bias_table_resize) with a
 // notice per tensor; any other missing, extra or misshapen tensor is an error that names it.
