@@ -35,8 +35,9 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // by the caller), with q, k, v, out, dout and dqkv in the element type dt (F32, BF16 or F16;
 // arithmetic in f32, att in f32), launched on `stream` with no synchronization. A thread block
 // keeps one (window, head)'s q, k, v (and in the backward dO, P, dS) in shared memory: the SIMT
-// kernels one block per pair, the tensor-core kernels one wave of blocks, each serving one head
-// of a strided set of windows (kernels/cuda/attention.cu).
+// kernels one block per pair (kernels/cuda/attention_simt.cu), the tensor-core kernels one wave
+// of blocks, each serving one head of a strided set of windows (kernels/cuda/attention_tc.cu);
+// kernels/cuda/attention.cu picks between them.
 //
 // Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
 // model's geometry is fixed when it is built, so check it there against these):

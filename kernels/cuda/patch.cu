@@ -1,6 +1,7 @@
 // patch.cu: the patch-embedding input on CUDA (kernels/patch.h): uint8 pixels normalized (or
 // normalized floats as given) and gathered into patch rows in one pass, in the compute type.
-// Patch merging lives with its LayerNorm in kernels/cuda/layernorm.cu.
+// Patch merging lives with its LayerNorm in kernels/cuda/layernorm_register.cu and
+// layernorm_multipass.cu (entry points in kernels/cuda/layernorm.cu).
 //
 // The fast path works on strips. Strip (b, y) is image b's p rows y*p .. y*p + p - 1: p*W*Cin
 // contiguous input elements, whose Wp patches are Wp*Cin*p*p contiguous output elements. A block

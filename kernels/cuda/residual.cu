@@ -1,6 +1,6 @@
 // residual.cu: the drop-path scales and the head's mean pool over tokens on CUDA
 // (kernels/residual.h). The residual add itself is fused into the LayerNorm kernels
-// (kernels/cuda/layernorm.cu).
+// (kernels/cuda/layernorm_register.cu and layernorm_multipass.cu).
 //
 // Drop-path scales are drawn from the same counter-based stream as on the CPU (src/base/rng.h), one
 // thread per (unit, sample), so they are the CPU's bits. The mean pool gives one thread to each
