@@ -4,7 +4,8 @@ way `swin_train bench=1` measures swin.c (warm-up, then the median of rounds of 
 timed between two synchronizations; peak memory from torch.cuda.max_memory_allocated).
 
 Usage: python3 scripts/bench_pytorch.py MODEL BATCH MODE [MODE ...]
-  MODEL: swin_tiny | swin_small | swin_base | swin_large (timm's *_patch4_window7_224)
+  MODEL: swin_tiny | swin_small | swin_base | swin_large (timm's *_patch4_window7_224), or
+         swin_base_384 | swin_large_384 (timm's *_patch4_window12_384, 384-pixel input)
   MODE:  eager          timm's attention as written (matmul, softmax, matmul)
          eager_fused    TIMM_FUSED_ATTN=2: timm calls F.scaled_dot_product_attention
          compile_fused  torch.compile of the model with fused attention
@@ -21,7 +22,13 @@ import subprocess
 import sys
 import time
 
-DROP_PATH = {"swin_tiny": 0.2, "swin_small": 0.3, "swin_base": 0.5, "swin_large": 0.5}
+# timm model, input side, drop path (the recipe configs' model.drop_path)
+MODELS = {"swin_tiny": ("swin_tiny_patch4_window7_224", 224, 0.2),
+          "swin_small": ("swin_small_patch4_window7_224", 224, 0.3),
+          "swin_base": ("swin_base_patch4_window7_224", 224, 0.5),
+          "swin_large": ("swin_large_patch4_window7_224", 224, 0.5),
+          "swin_base_384": ("swin_base_patch4_window12_384", 384, 0.5),
+          "swin_large_384": ("swin_large_patch4_window12_384", 384, 0.2)}
 ROUND, ROUNDS, WARMUP = 10, 5, 15
 
 
@@ -67,11 +74,11 @@ def run_mode(model, batch, mode):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    net = timm.create_model(f"{model}_patch4_window7_224", num_classes=1000,
-                            drop_path_rate=DROP_PATH[model]).cuda().train()
+    name, side, drop_path = MODELS[model]
+    net = timm.create_model(name, num_classes=1000, drop_path_rate=drop_path).cuda().train()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
     lossf = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    x = torch.randn(batch, 3, side, side, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
     fwd = net
     if mode in ("compile_fused", "compile_flex"):

@@ -1,8 +1,8 @@
 // test_bias_resize.c: bias_table_resize (src/io/import.h) against PyTorch's
 // interpolate(mode='bicubic', align_corners=False) on the official load_pretrained's layout:
-// tests/fixtures/bias_resize.safetensors (scripts/make_bias_resize_fixture.py) holds each case's
-// source table and PyTorch's resize of it, computed in float64 and rounded once to f32, as we
-// compute. Relative error <= 1e-6; measured 0 (both round the same double once to f32).
+// tests/fixtures/resize/bias_resize.safetensors (scripts/make_bias_resize_fixture.py) holds each
+// case's source table and PyTorch's resize of it, computed in float64 and rounded once to f32, as
+// we compute. Relative error <= 1e-6; measured 0 (both round the same double once to f32).
 #include <math.h>
 
 #include "src/io/import.h"
@@ -22,7 +22,7 @@ static const struct {
 int main(void) {
   SafeTensors st;
   Error err;
-  const char *file = SWIN_SOURCE_DIR "/tests/fixtures/bias_resize.safetensors";
+  const char *file = SWIN_SOURCE_DIR "/tests/fixtures/resize/bias_resize.safetensors";
   if (safetensors_read(&st, file, &err) != 0) {
     test_check(0, "fixture: %s", err.msg);
     return test_finish();
