@@ -33,29 +33,36 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms: same parameters as the CPU ones, as device pointers (index and mask uploaded once
 // by the caller), with q, k, v, out, dout and dqkv in the element type dt (F32, BF16 or F16;
-// arithmetic in f32, att in f32), launched on `stream` with no synchronization. A thread block
-// keeps one (window, head)'s q, k, v (and in the backward dO, P, dS) in shared memory: the SIMT
-// kernels one block per pair (kernels/cuda/attention_simt.cu), the tensor-core kernels one wave
-// of blocks, each serving one head of a strided set of windows (kernels/cuda/attention_tc.cu);
-// kernels/cuda/attention.cu picks between them.
+// arithmetic in f32, att in f32), launched on `stream` with no synchronization. Windows of at
+// most 64 tokens: a thread block keeps one (window, head)'s q, k, v (and in the backward dO, P,
+// dS) in shared memory: the SIMT kernels one block per pair (kernels/cuda/attention_simt.cu),
+// the tensor-core kernels one wave of blocks, each serving one head of a strided set of windows
+// (kernels/cuda/attention_tc.cu). Larger windows: flash kernels, keys in tiles of 64, a block
+// per (window, head, 64-query tile) and in the backward's dk/dv kernel per (window group, head,
+// 64-key tile) (kernels/cuda/attention_flash_tc.cu for bf16/f16 with head_dim 16, 32 or 64,
+// kernels/cuda/attention_flash_simt.cu otherwise). kernels/cuda/attention.cu picks.
 //
 // Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
 // model's geometry is fixed when it is built, so check it there against these):
 //   1 <= N <= WINDOW_ATTENTION_CUDA_MAX_N, C % heads == 0, C / heads <= ..._MAX_HEAD_DIM
-//   (Swin: N = 49, head_dim = 32), BW * heads < 2^31, nW >= 1 when mask is given.
+//   (Swin: N = 49, 144 at 384 / window 12; head_dim = 32), BW * heads < 2^31, nW >= 1 when mask
+//   is given.
 // The table must have max(index) + 1 rows (as the CPU reference infers), and index entries must
 // be below the largest (2wh-1)(2ww-1) over the window shapes wh * ww = N, which
-// relative_position_index guarantees: the backward visits only those rows of dtable.
-#define WINDOW_ATTENTION_CUDA_MAX_N 64
+// relative_position_index guarantees: the backward visits only those rows of dtable. The flash
+// tensor-core kernels take index to be a relative_position_index, whose largest entry is
+// index[N-1][0]: they copy head h's table rows up to it into shared memory.
+#define WINDOW_ATTENTION_CUDA_MAX_N 576
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
-// The most thread blocks a tensor-core backward launches (a wave: 396 on the H200), which bounds
-// its scratch: window_attention_backward_cuda_scratch <= this * (N * N + 3 * C / heads) per head.
+// The most thread blocks a tensor-core or flash backward launches (a wave: 396 on the H200),
+// which bounds its scratch: window_attention_backward_cuda_scratch_bound.
 #define WINDOW_ATTENTION_CUDA_MAX_BLOCKS 512
 
 // What the forward saves for the backward, in floats: with bf16/f16 and head_dim 16/32/64,
 // N <= 64, the tensor-core kernels keep each query row's log-sum-exp (base 2: of the scores
-// times log2(e)) (BW, heads, N) and recompute the probabilities in the backward; otherwise the
-// SIMT kernels keep them all (BW, heads, N, N).
+// times log2(e)) (BW, heads, N) and recompute the probabilities in the backward; the flash
+// kernels (N > 64) the same plus room for the backward's delta = rowsum(dO * out) (2 BW heads N);
+// otherwise the SIMT kernels keep them all (BW, heads, N, N).
 int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads);
 
 // out (BW, N, C), att (window_attention_saved_floats), qkv (BW, N, 3C), table (rows, heads),
@@ -68,29 +75,34 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
                                    int nW, int N, int C, int heads, cudaStream_t stream);
 
 // Floats of scratch the backward needs: the tensor-core path's per-block window sums of dS and
-// qkv bias sums (at most WINDOW_ATTENTION_CUDA_MAX_BLOCKS * (N * N + 3 * C / heads)); the SIMT
-// path's column sums of dqkv (column_sums_cuda_scratch(BW * N, 3C), kernels/gemm.h).
+// qkv bias sums; the flash path's per-group window sums of dS; the SIMT and flash paths' column
+// sums of dqkv (column_sums_cuda_scratch(BW * N, 3C), kernels/gemm.h).
 int64_t window_attention_backward_cuda_scratch(DType dt, int BW, int N, int C, int heads);
+// A bound of window_attention_backward_cuda_scratch's window sums of dS over every batch for
+// windows of at most max_N tokens and at most max_heads heads (the column sums are bounded by
+// the caller's own column_sums_cuda_scratch): what a backend reserves.
+int64_t window_attention_backward_cuda_scratch_bound(int max_N, int max_heads, int max_width);
 
 // dqkv (BW, N, 3C) overwritten; dqkv_bias (3C: the qkv layer's bias gradient, dqkv's column
 // sums) accumulated (+=) unless NULL; dtable (rows, heads) accumulated (+=); dout (BW, N, C),
-// qkv (BW, N, 3C), att from the forward, table, index and mask as in the forward (the
-// tensor-core path recomputes the scores). scratch: window_attention_backward_cuda_scratch
-// floats, overwritten, not overlapping any argument. The SIMT path overwrites att (its dS).
+// qkv (BW, N, 3C), out (BW, N, C) and att from the forward, table, index and mask as in the
+// forward (the tensor-core and flash paths recompute the scores; only the flash path reads out).
+// scratch: window_attention_backward_cuda_scratch floats, overwritten, not overlapping any
+// argument. The SIMT path overwrites att (its dS), the flash path att's second half (delta).
 //
 // dtable is deterministic without atomics: the window sums of dS go to scratch (tensor cores:
-// each block sums a fixed, strided set of windows of one head) or att (SIMT: every window's
-// dS), a second kernel sums their rows per (h, i, j) in a fixed order (double accumulators,
+// each block sums a fixed, strided set of windows of one head; flash: each dk/dv block does,
+// for its 64 keys) or att (SIMT: every window's dS), a second kernel sums their rows per (h, i, j) in a fixed order (double accumulators,
 // stored in fp32 over row 0), and a third adds, per (table row, h), the sums of all (i, j) with
 // that index in a fixed order. Differences from the CPU: the per-(h, i, j) sums are rounded to
 // fp32 before the per-row sum (CPU: double throughout).
 //
 // dqkv_bias: the tensor-core kernel sums the columns of dq, dk and dv in f32 as it computes
 // them (before their rounding to dt), per block over its windows, and a second pass adds the
-// blocks in a fixed order; the SIMT path sums the stored dqkv (column_sums_cuda). Either way
-// deterministic.
+// blocks in a fixed order; the SIMT and flash paths sum the stored dqkv (column_sums_cuda).
+// Either way deterministic.
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
-                                    const void *dout, const void *qkv, float *att,
+                                    const void *dout, const void *qkv, const void *out, float *att,
                                     const float *table, const int *index, const float *mask, int BW,
                                     int nW, int N, int C, int heads, float *scratch,
                                     cudaStream_t stream);

@@ -1,9 +1,10 @@
 // test_gpu_model.c: the whole model on the CUDA backend against the CPU reference, in fp32, bf16
 // and fp16: the same weights, the same uint8 batch and the same drop-path draws, then logits,
 // the smoothed loss, dlogits and the gradient of every parameter tensor, each as a relative error
-// ||gpu - cpu|| / ||cpu||. Two geometries: a three-stage Swin with window 7 like Swin-T's
-// (28x28 -> 14x14 -> 7x7 maps, shifted windows of 49 tokens, head_dim 32, drop path), and a small
-// one with rectangular maps (H != W) and a last stage shifted along one side only. fp16 runs with a
+// ||gpu - cpu|| / ||cpu||. Three geometries: a three-stage Swin with window 7 like Swin-T's
+// (28x28 -> 14x14 -> 7x7 maps, shifted windows of 49 tokens, head_dim 32, drop path), a small
+// one with rectangular maps (H != W) and a last stage shifted along one side only, and window 12
+// (144-token windows: the flash attention kernels). fp16 runs with a
 // loss scale of 1024 (dlogits scaled, gradients compared after unscaling), as the trainer does. The
 // GPU run is repeated to check it is bitwise deterministic.
 #include "tests/util/test_gpu_util.h"
@@ -66,6 +67,22 @@ static Config small_rect(void) {
   c.num_heads[0] = 1, c.num_heads[1] = 2, c.num_heads[2] = 4;
   c.window_size = 4;
   c.mlp_ratio = 2.0f;
+  c.num_classes = 10;
+  return c;
+}
+
+// Window 12 as the 384-pixel models: 24x24 tokens in four shifted 12x12 windows (144 tokens,
+// the flash attention kernels), then 12x12 (one window, no shift); 32 channels per head.
+static Config window12(void) {
+  Config c = base_config();
+  c.img_h = c.img_w = 96;
+  c.in_chans = 3;
+  c.patch_size = 4;
+  c.embed_dim = 64;
+  c.num_stages = 2;
+  c.depths[0] = 2, c.depths[1] = 2;
+  c.num_heads[0] = 2, c.num_heads[1] = 4;
+  c.window_size = 12;
   c.num_classes = 10;
   return c;
 }
@@ -217,15 +234,17 @@ static void compare_case(const char *name, const Config *cfg, int B, const Toler
 
 int main(void) {
   GPU_TEST_MAIN_BEGIN();
-  Config swin = swin_like(), rect = small_rect();
+  Config swin = swin_like(), rect = small_rect(), w12 = window12();
   Error err;
-  if (config_validate(&swin, &err) != 0 || config_validate(&rect, &err) != 0) {
+  if (config_validate(&swin, &err) != 0 || config_validate(&rect, &err) != 0 ||
+      config_validate(&w12, &err) != 0) {
     test_check(0, "test configs: %s", err.msg);
     return test_finish();
   }
   for (int t = 0; t < 3; t++) {
     compare_case("swin-like 112px", &swin, 4, &tolerances[t]);
     compare_case("rectangular", &rect, 3, &tolerances[t]);
+    compare_case("window 12", &w12, 2, &tolerances[t]);
   }
   return test_finish();
 }

@@ -331,10 +331,10 @@ static void test_grads_ready(void) {
   backend_destroy(&be);
 }
 
-// A backend whose attention serves at most 64-token windows of 64 channels per head (the CUDA
-// backend's limits, given to the CPU backend's table here so that the check runs without a GPU):
-// Swin-T's 7x7 windows pass; a 12x12 window (Swin-B 384) and 96-channel heads are refused with a
-// message naming the key, the stage and the limit.
+// A backend whose attention serves at most 64-token windows of 64 channels per head (limits of
+// the kind the CUDA backend declares, given to the CPU backend's table here so that the check
+// runs without a GPU): Swin-T's 7x7 windows pass; a 12x12 window (144 tokens) and 96-channel heads
+// are refused with a message naming the key, the stage and the limit.
 static void test_backend_limits(void) {
   Backend cpu;
   Error err;

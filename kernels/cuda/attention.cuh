@@ -28,6 +28,14 @@ inline float attention_scale(int hd) {
   return (float)(1.0 / sqrt((double)hd));
 }
 
+// Scores carry a factor log2(e) on the tensor-core and flash paths, so the softmax is exp2.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- SIMT kernels (attention_simt.cu): any element type, one block per (window, head) -------
 // The forward saves the probabilities in att (BW, heads, N, N). The backward overwrites att
 // with dS, the window sums window_attention_dtable_backward reduces (BW rows), and with
@@ -56,6 +64,62 @@ int window_attention_backward_tc(DType dt, void *dqkv, float *dqkv_bias, const v
                                  const void *qkv, const float *lse, const float *table,
                                  const int *index, const float *mask, int BW, int nW, int N, int C,
                                  int heads, float *scratch, cudaStream_t stream);
+
+// ---- flash kernels (attention_flash_tc.cu, attention_flash_simt.cu): windows of more than 64
+// tokens, keys in tiles of kFlashKeys, no N x N matrix in global memory -------------------------
+// The forward keeps each query row's base-2 log-sum-exp (of the scores times log2(e)) in lse
+// (BW, heads, N), as the tensor-core kernels above. The backward runs a dq kernel per (window,
+// head, query tile), which also stores delta = rowsum(dO * O) (BW, heads, N) for the second, a
+// dk/dv kernel per (window group, head, key tile) that serves a fixed, strided set of windows
+// and sums their dS in shared memory; it leaves the groups' sums (groups, heads, N, N) at
+// ds_partial and returns groups for window_attention_dtable_backward. dqkv is written whole.
+// Upper bound of the bias-table rows of an N-token window: the largest (2wh-1)(2ww-1) over
+// wh * ww = N; relative_position_index of any such window stays below it.
+inline int table_rows_bound(int N) {
+  int rows = 0;
+  for (int wh = 1; wh <= N; wh++)
+    if (N % wh == 0) {
+      int r = (2 * wh - 1) * (2 * (N / wh) - 1);
+      rows = r > rows ? r : rows;
+    }
+  return rows;
+}
+constexpr int kFlashKeys = 64;  // keys per tile; the dk/dv kernels' blocks each own one tile
+__host__ __device__ inline int flash_key_tiles(int N) {
+  return (N + kFlashKeys - 1) / kFlashKeys;
+}
+// The window groups of a dk/dv launch of about `blocks` (<= WINDOW_ATTENTION_CUDA_MAX_BLOCKS)
+// blocks: a function of the shapes and the block count only, so the summation order of dtable
+// is too. groups * heads <= max(WINDOW_ATTENTION_CUDA_MAX_BLOCKS / key tiles, heads), the bound
+// window_attention_flash_scratch_bound uses.
+inline int flash_groups(int blocks, int BW, int N, int heads) {
+  int groups = blocks / (heads * flash_key_tiles(N));
+  if (groups < 1) groups = 1;
+  return groups < BW ? groups : BW;
+}
+// Whether the flash tensor-core kernels serve these shapes (else the flash SIMT ones do).
+bool flash_tensor_cores(DType dt, int hd);
+void window_attention_forward_flash_tc(DType dt, void *out, float *lse, const void *qkv,
+                                       const float *table, const int *index, const float *mask,
+                                       int BW, int nW, int N, int C, int heads,
+                                       cudaStream_t stream);
+void window_attention_forward_flash_simt(DType dt, void *out, float *lse, const void *qkv,
+                                         const float *table, const int *index, const float *mask,
+                                         int BW, int nW, int N, int C, int heads,
+                                         cudaStream_t stream);
+// The groups the backward will use (ds_partial holds groups * heads * N * N floats).
+int window_attention_backward_flash_tc_groups(int BW, int N, int C, int heads);
+int window_attention_backward_flash_simt_groups(int BW, int N, int C, int heads);
+int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, const void *qkv,
+                                       const void *out, const float *lse, float *delta,
+                                       const float *table, const int *index, const float *mask,
+                                       int BW, int nW, int N, int C, int heads, float *ds_partial,
+                                       cudaStream_t stream);
+int window_attention_backward_flash_simt(DType dt, void *dqkv, const void *dout, const void *qkv,
+                                         const void *out, const float *lse, float *delta,
+                                         const float *table, const int *index, const float *mask,
+                                         int BW, int nW, int N, int C, int heads, float *ds_partial,
+                                         cudaStream_t stream);
 
 // ---- dtable (attention_dtable.cu) ------------------------------------------------------------
 // dtable (table rows, heads) += the sums of ds (rows, heads, N, N) over its rows, per (table

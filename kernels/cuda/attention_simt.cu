@@ -24,7 +24,8 @@ constexpr int kThreads = 256;  // 8 warps per (window, head) block
 constexpr int kWarps = kThreads / 32;
 // Columns per lane in the row phases and head channels per lane in the forward's P v.
 constexpr int kSlots = 2;
-static_assert(WINDOW_ATTENTION_CUDA_MAX_N <= 32 * kSlots, "a warp holds one row of N scores");
+// Windows of more than kFlashKeys tokens go to the flash kernels (attention_flash_*.cu).
+static_assert(kFlashKeys <= 32 * kSlots, "a warp holds one row of N scores");
 static_assert(WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM <= 32 * kSlots, "a warp holds one output row");
 
 // Shared floats of the forward: q (N, hd), v (N, hd), k (N, hd + 1).

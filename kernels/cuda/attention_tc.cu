@@ -49,7 +49,6 @@ constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 64;          // padded tokens of a window (query rows, key rows)
 constexpr int kTcLdP = kTcRows + 8;  // row length of the P and dS tiles (token, token)
-constexpr float kLog2e = 1.4426950408889634f;
 // Blocks per launch, one full wave of the device (396 and 660 on the H200's 132 SMs): the
 // backward's 72 KB of shared memory (HD 32) per 128-thread block leave 3 resident per SM, the
 // forward's 44 KB 5; the register bounds below keep registers from lowering that. Fixed per
@@ -66,12 +65,6 @@ int tc_forward_blocks() {
 static_assert(kTcWarps * 3 * WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM * sizeof(float) <=
                   kTcRows * kTcLdP * sizeof(uint16_t),
               "the backward's per-warp qkv bias sums fit in its P tile");
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The A operand of k-step q (keys 16q..16q+15) from a 16 x 8KT accumulator tile (KT n-tiles),
 // rounded to T: the C layout of two n-tiles is the A layout of one k-step; keys 8KT.. are zero.

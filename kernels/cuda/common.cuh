@@ -305,6 +305,12 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)),
                "l"(global));
 }
+// cp_async16 that zero-fills the 16 bytes and reads nothing when !valid (global must still be an
+// address of the tensor): the rows past a window's last token in a tile.
+__device__ __forceinline__ void cp_async16_zfill(void *smem, const void *global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

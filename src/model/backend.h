@@ -74,6 +74,7 @@ typedef struct {
   int max_width;         // largest row width (channels) of any op
   int max_batch;
   int64_t num_params;  // the flat parameter buffer's length
+  int max_window_tokens, max_heads;  // of the window attention
 } BackendNeeds;
 
 typedef struct {
@@ -209,7 +210,7 @@ typedef struct {
                             const float *table, const int *index, const float *mask, int BW, int nW,
                             int N, int C, int heads);
   void (*attention_backward)(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
-                             const void *dout, const void *qkv, const float *table,
+                             const void *dout, const void *qkv, const void *out, const float *table,
                              const int *index, const float *mask, float *saved, int BW, int nW,
                              int N, int C, int heads);
   // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =

@@ -259,10 +259,11 @@ static void cpu_attention_forward(Backend *be, void *out, float *saved, const vo
 }
 
 static void cpu_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
-                                   const void *dout, const void *qkv, const float *table,
-                                   const int *index, const float *mask, float *saved, int BW,
-                                   int nW, int N, int C, int heads) {
+                                   const void *dout, const void *qkv, const void *out,
+                                   const float *table, const int *index, const float *mask,
+                                   float *saved, int BW, int nW, int N, int C, int heads) {
   (void)be;
+  (void)out;
   (void)table;
   (void)mask;
   (void)nW;

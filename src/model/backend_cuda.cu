@@ -208,11 +208,9 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   // bias gradient's column sums (GELU's, qkv's, the head's) at most 1024 rows of partials
   // (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer its own.
   int64_t need = 3 * 1024 * (int64_t)n->max_width;
-  // The tensor-core attention backward's per-block dS and qkv bias sums (at most: a block
-  // serves one head, N <= 64, 3 * head_dim <= 3 * max_width).
-  int64_t k =
-      (int64_t)WINDOW_ATTENTION_CUDA_MAX_BLOCKS *
-      (WINDOW_ATTENTION_CUDA_MAX_N * WINDOW_ATTENTION_CUDA_MAX_N + 3 * (int64_t)n->max_width);
+  // The attention backward's window sums of dS and qkv bias sums (kernels/attention.h).
+  int64_t k = window_attention_backward_cuda_scratch_bound(n->max_window_tokens, n->max_heads,
+                                                           n->max_width);
   if (k > need) need = k;
   k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
       (int64_t)n->max_batch * n->max_width;
@@ -552,13 +550,14 @@ void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qk
 // The qkv bias gradient comes out of the attention backward (the tensor-core kernel sums dq,
 // dk and dv's columns as it writes them; kernels/attention.h).
 void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
-                             const void *dout, const void *qkv, const float *table,
-                             const int *index, const float *mask, float *saved, int BW, int nW,
-                             int N, int C, int heads) {
+                             const void *dout, const void *qkv, const void *out,
+                             const float *table, const int *index, const float *mask, float *saved,
+                             int BW, int nW, int N, int C, int heads) {
   OpScope scope(be, OP_ATTENTION);
   int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
   float *scratch = scratch_of(be, need);
-  window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, saved, table, index,
+  window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, out, saved, table,
+                                 index,
                                  mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
 }
 

@@ -284,6 +284,8 @@ static BackendNeeds backend_needs(const Model *m, int B) {
       if (BL * widths[k] > n.max_elements) n.max_elements = BL * widths[k];
     }
     if (BL > n.max_rows) n.max_rows = BL;
+    if (g->N > n.max_window_tokens) n.max_window_tokens = g->N;
+    if (g->heads > n.max_heads) n.max_heads = g->heads;
   }
   return n;
 }
@@ -303,8 +305,7 @@ static int check_backend_limits(const Model *m, const BackendOps *ops, Error *er
       return error_set(err,
                        "model.window_size = %d: stage %d has %dx%d windows (%d tokens), but the "
                        "%s backend's attention serves at most %d tokens per window\n"
-                       "HINT: use a window of at most %d tokens (window_size 8 or less), or "
-                       "device=cpu",
+                       "HINT: use a window of at most %d tokens, or device=cpu",
                        m->cfg.window_size, s, g->wh, g->ww, g->N, ops->name, ops->max_window_tokens,
                        ops->max_window_tokens);
     if (ops->max_head_dim > 0 && g->head_dim > ops->max_head_dim)
@@ -650,8 +651,8 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
   // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
   ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
                        model_compute_weight(m, w->proj_w), BL, C, C);
-  ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, w->rel_table,
-                          g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
+  ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, a->attn_out,
+                          w->rel_table, g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
   ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
                                   w->norm1_w, w->norm1_b, &wm, B, L, C);
   ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, x->xw,
