@@ -92,10 +92,10 @@ int64_t window_attention_backward_cuda_scratch_bound(int max_N, int max_heads, i
 //
 // dtable is deterministic without atomics: the window sums of dS go to scratch (tensor cores:
 // each block sums a fixed, strided set of windows of one head; flash: each dk/dv block does,
-// for its 64 keys) or att (SIMT: every window's dS), a second kernel sums their rows per (h, i, j) in a fixed order (double accumulators,
-// stored in fp32 over row 0), and a third adds, per (table row, h), the sums of all (i, j) with
-// that index in a fixed order. Differences from the CPU: the per-(h, i, j) sums are rounded to
-// fp32 before the per-row sum (CPU: double throughout).
+// for its 64 keys) or att (SIMT: every window's dS), a second kernel sums their rows per (h, i, j)
+// in a fixed order (double accumulators, stored in fp32 over row 0), and a third adds, per (table
+// row, h), the sums of all (i, j) with that index in a fixed order. Differences from the CPU: the
+// per-(h, i, j) sums are rounded to fp32 before the per-row sum (CPU: double throughout).
 //
 // dqkv_bias: the tensor-core kernel sums the columns of dq, dk and dv in f32 as it computes
 // them (before their rounding to dt), per block over its windows, and a second pass adds the

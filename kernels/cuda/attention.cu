@@ -109,14 +109,13 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
     float *delta = att + (int64_t)BW * heads * N;
     int groups =
         flash_tensor_cores(dt, hd)
-            ? window_attention_backward_flash_tc(dt, dqkv, dout, qkv, out, att, delta, table,
-                                                 index, mask, BW, nW, N, C, heads, scratch, stream)
+            ? window_attention_backward_flash_tc(dt, dqkv, dout, qkv, out, att, delta, table, index,
+                                                 mask, BW, nW, N, C, heads, scratch, stream)
             : window_attention_backward_flash_simt(dt, dqkv, dout, qkv, out, att, delta, table,
                                                    index, mask, BW, nW, N, C, heads, scratch,
                                                    stream);
     window_attention_dtable_backward(dtable, scratch, groups, index, N, heads, stream);
-    if (dqkv_bias)
-      column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
+    if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
     return;
   }
   bool tc = use_tensor_cores(dt, N, hd);

@@ -73,7 +73,7 @@ typedef struct {
   int64_t max_rows;      // largest row count of any op
   int max_width;         // largest row width (channels) of any op
   int max_batch;
-  int64_t num_params;  // the flat parameter buffer's length
+  int64_t num_params;                // the flat parameter buffer's length
   int max_window_tokens, max_heads;  // of the window attention
 } BackendNeeds;
 

@@ -550,15 +550,14 @@ void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qk
 // The qkv bias gradient comes out of the attention backward (the tensor-core kernel sums dq,
 // dk and dv's columns as it writes them; kernels/attention.h).
 void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
-                             const void *dout, const void *qkv, const void *out,
-                             const float *table, const int *index, const float *mask, float *saved,
-                             int BW, int nW, int N, int C, int heads) {
+                             const void *dout, const void *qkv, const void *out, const float *table,
+                             const int *index, const float *mask, float *saved, int BW, int nW,
+                             int N, int C, int heads) {
   OpScope scope(be, OP_ATTENTION);
   int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
   float *scratch = scratch_of(be, need);
   window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, out, saved, table,
-                                 index,
-                                 mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
+                                 index, mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
 }
 
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,
