@@ -5,7 +5,6 @@
 // their own live here: tar shards, whose index and stream order data/shards.c keeps, and
 // synthetic random pixels, computed from (seed, split, index), which read nothing.
 #define _POSIX_C_SOURCE 200809L  // stat (data/dataset_internal.h)
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,12 +83,6 @@ static void load_synthetic(const Dataset *ds, int64_t i, uint8_t *pixels, int *l
 
 // ---- the API ----
 
-static ResampleChoice resample_choice(const char *name) {
-  if (strcmp(name, "bicubic") == 0) return RESAMPLE_BICUBIC;
-  if (strcmp(name, "random") == 0) return RESAMPLE_RANDOM;
-  return RESAMPLE_BILINEAR;
-}
-
 int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err) {
   *out = NULL;
   if (strcmp(split, "train") != 0 && strcmp(split, "val") != 0) {
@@ -103,39 +96,10 @@ int dataset_open(Dataset **out, const Config *cfg, const char *split, Error *err
                      path_exists(cfg->path) ? "is not a directory" : "does not exist",
                      HINT_PATH_EXAMPLE);
   }
-  if (cfg->img_h < 1 || cfg->img_w < 1) {
-    return error_set(err, "model.img_size %dx%d is not a valid image size", cfg->img_h, cfg->img_w);
-  }
-  if (!(cfg->scale_min > 0 && cfg->scale_min <= cfg->scale_max) ||
-      !(cfg->ratio_min > 0 && cfg->ratio_min <= cfg->ratio_max) ||
-      !(cfg->crop_pct > 0 && cfg->crop_pct <= 1)) {
-    error_set(err,
-              "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
-              "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
-              "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
-              cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
-    return config_error_where(cfg, err);
-  }
-  RandAugmentPolicy randaugment;
-  if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
+  TransformParams transform;
+  if (transform_params_from_config(&transform, cfg, err) != 0) return -1;
   Dataset *ds = calloc_check(1, sizeof *ds);
-  ds->transform = (TransformParams){.out_h = cfg->img_h,
-                                    .out_w = cfg->img_w,
-                                    .chans = cfg->in_chans,
-                                    .scale_min = cfg->scale_min,
-                                    .scale_max = cfg->scale_max,
-                                    .ratio_min = cfg->ratio_min,
-                                    .ratio_max = cfg->ratio_max,
-                                    .hflip = cfg->hflip,
-                                    .crop_pct = cfg->crop_pct,
-                                    .resample = resample_choice(cfg->interpolation),
-                                    .randaugment = randaugment,
-                                    .color_jitter = cfg->color_jitter};
-  // timm's img_mean: min(255, round(255 * mean)) per channel, RandAugment's fill colour.
-  for (int c = 0; c < cfg->in_chans && c < 4; c++) {
-    double v = nearbyint(255.0 * cfg->mean[cfg->num_mean == 1 ? 0 : c]);
-    ds->transform.fill[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-  }
+  ds->transform = transform;
   int rc;
   if (strcmp(cfg->dataset, "fashion_mnist") == 0) {
     ds->kind = DATASET_FASHION_MNIST;
@@ -181,6 +145,10 @@ void dataset_close(Dataset *ds) {
     free(ds->paths);
   }
   free(ds->class_of);
+  if (ds->class_names) {
+    for (int c = 0; c < ds->num_classes; c++) free(ds->class_names[c]);
+    free(ds->class_names);
+  }
   shards_close(&ds->shards);
   free(ds->known_bad);
   if (ds->bad_lock) {
@@ -198,6 +166,36 @@ int dataset_num_classes(const Dataset *ds) {
 }
 const char *dataset_describe(const Dataset *ds) {
   return ds->describe;
+}
+
+// Fashion-MNIST's labels 0..9, as its authors name them.
+static const char *const FASHION_MNIST_CLASSES[10] = {
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+const char *dataset_class_name(const Dataset *ds, int c) {
+  if (c < 0 || c >= ds->num_classes) return NULL;
+  if (ds->class_names) return ds->class_names[c];
+  if (ds->kind == DATASET_FASHION_MNIST && c < 10) return FASHION_MNIST_CLASSES[c];
+  return NULL;
+}
+
+char *dataset_class_names_joined(const Dataset *ds) {
+  size_t bytes = 1;
+  for (int c = 0; c < ds->num_classes; c++) {
+    const char *name = dataset_class_name(ds, c);
+    if (!name || strchr(name, '\n')) return NULL;
+    bytes += strlen(name) + 1;
+  }
+  if (ds->num_classes == 0) return NULL;
+  char *joined = malloc_check(bytes), *at = joined;
+  for (int c = 0; c < ds->num_classes; c++) {
+    size_t len = strlen(dataset_class_name(ds, c));
+    memcpy(at, dataset_class_name(ds, c), len);
+    at += len;
+    *at++ = c + 1 < ds->num_classes ? '\n' : '\0';
+  }
+  return joined;
 }
 
 int64_t dataset_sample_bytes(const Dataset *ds) {

@@ -28,6 +28,18 @@ int64_t dataset_size(const Dataset *ds);
 int dataset_num_classes(const Dataset *ds);
 const char *dataset_describe(const Dataset *ds);  // "fashion-mnist train: 60000 images, 10 classes"
 int64_t dataset_bad_count(const Dataset *ds);     // data.skip_bad: distinct bad files met so far
+// The name of class c (0 <= c < dataset_num_classes): an ImageFolder's class directory,
+// Fashion-MNIST's label ("T-shirt/top", ..., "Ankle boot"); NULL where the dataset has none
+// (shards, synthetic) or c is out of range.
+const char *dataset_class_name(const Dataset *ds, int c);
+// The image files (*.jpg, *.jpeg, *.png in any case, not hidden) directly in dir, as an
+// ImageFolder class directory lists them: sorted by name (strcmp), not recursive; *paths gets
+// *count malloc'ed paths "dir/name" (free with dataset_paths_free). Errors name dir.
+int dataset_list_images(const char *dir, char ***paths, int *count, Error *err);
+void dataset_paths_free(char **paths, int count);
+// Every class name joined with '\n', in class order (malloc'ed; checkpoints and exports store it
+// as metadata "class_names"), or NULL when the dataset has no names or one holds a '\n'.
+char *dataset_class_names_joined(const Dataset *ds);
 
 // Tar shards are read as streams (data/shards.h): training batches of rank r come from r's own
 // shards through a shuffle buffer, not from a global permutation. For such a dataset

@@ -8,6 +8,7 @@
 //                  keeps) and synthetic
 // fashion_mnist.c  Fashion-MNIST's IDX files, gzipped or plain, decoded into memory at open
 // imagefolder.c    the ImageFolder scan: root/<split>/<class>/*.{jpg,jpeg,png} into a sorted list
+//                  (and dataset_list_images, one directory's images)
 // file_samples.c   samples whose image is a file (ImageFolder, shards): read, decode, skip_bad's
 //                  replacement (dataset_bad_count), the transform, and the functions of the
 //                  loader's nvJPEG path (dataset_sample_file, dataset_load_decoded_sample,
@@ -50,9 +51,10 @@ struct Dataset {
   const uint8_t *labels;  // (n)
   int src_h, src_w;
 
-  // ImageFolder: sorted file list.
-  char **paths;   // (n) image files
-  int *class_of;  // (n) labels
+  // ImageFolder: sorted file list, and the class directories' names.
+  char **paths;        // (n) image files
+  int *class_of;       // (n) labels
+  char **class_names;  // (num_classes)
 
   // Synthetic: the seed that keys its pixels and labels.
   uint64_t synthetic_seed;

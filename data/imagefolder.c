@@ -1,7 +1,8 @@
 // imagefolder.c: the ImageFolder dataset's scan: <data.path>/<split>/<class>/*.{jpg,jpeg,png}
 // into a file list sorted by class name, then file name (strcmp), with the class index as
-// label; a split limit taken round-robin over the classes. Only the list is kept: each image is
-// read and decoded when it is loaded (data/file_samples.c).
+// label; a split limit taken round-robin over the classes. Only the list (and the class names) is
+// kept: each image is read and decoded when it is loaded (data/file_samples.c). The listing of
+// one directory's images is also dataset_list_images, swin_predict's.
 #define _POSIX_C_SOURCE 200809L  // stat (data/dataset_internal.h)
 #include <dirent.h>
 #include <errno.h>
@@ -67,6 +68,36 @@ static int list_dir(const char *dir, bool want_dirs, NameList *out, Error *err) 
   closedir(d);
   if (out->count > 1) qsort(out->items, (size_t)out->count, sizeof(char *), compare_names);
   return 0;
+}
+
+int dataset_list_images(const char *dir, char ***paths, int *count, Error *err) {
+  NameList names = {0};
+  *paths = NULL;
+  *count = 0;
+  if (list_dir(dir, false, &names, err)) {
+    names_free(&names);
+    return -1;
+  }
+  char **out = malloc_check(sizeof(char *) * (size_t)(names.count ? names.count : 1));
+  for (int i = 0; i < names.count; i++) {
+    char path[PATH_BYTES];
+    if (join_path(path, dir, names.items[i], err)) {
+      dataset_paths_free(out, i);
+      names_free(&names);
+      return -1;
+    }
+    size_t len = strlen(path) + 1;
+    out[i] = memcpy(malloc_check(len), path, len);
+  }
+  *paths = out;
+  *count = names.count;
+  names_free(&names);
+  return 0;
+}
+
+void dataset_paths_free(char **paths, int count) {
+  for (int i = 0; i < count; i++) free(paths[i]);
+  free(paths);
 }
 
 static const char *HINT_IMAGEFOLDER =
@@ -184,6 +215,8 @@ int imagefolder_open(Dataset *ds, const Config *cfg, const char *split, Error *e
   }
   ds->n = n;
   ds->num_classes = classes.count;
+  ds->class_names = classes.items;  // the dataset keeps the sorted names
+  classes = (NameList){0};
   snprintf(ds->describe, sizeof ds->describe, "imagefolder %s (%s): %lld images, %d classes", split,
            split_dir, (long long)ds->n, ds->num_classes);
   rc = 0;

@@ -9,6 +9,48 @@
 
 #include "src/base/util.h"
 
+static ResampleChoice resample_choice(const char *name) {
+  if (strcmp(name, "bicubic") == 0) return RESAMPLE_BICUBIC;
+  if (strcmp(name, "random") == 0) return RESAMPLE_RANDOM;
+  return RESAMPLE_BILINEAR;
+}
+
+int transform_params_from_config(TransformParams *p, const Config *cfg, Error *err) {
+  if (cfg->img_h < 1 || cfg->img_w < 1) {
+    return error_set(err, "model.img_size %dx%d is not a valid image size", cfg->img_h, cfg->img_w);
+  }
+  if (!(cfg->scale_min > 0 && cfg->scale_min <= cfg->scale_max) ||
+      !(cfg->ratio_min > 0 && cfg->ratio_min <= cfg->ratio_max) ||
+      !(cfg->crop_pct > 0 && cfg->crop_pct <= 1)) {
+    error_set(err,
+              "data augmentation settings out of range: scale [%g, %g], ratio [%g, %g], "
+              "crop_pct %g\nHINT: need 0 < data.scale_min <= data.scale_max, "
+              "0 < data.ratio_min <= data.ratio_max and 0 < data.crop_pct <= 1",
+              cfg->scale_min, cfg->scale_max, cfg->ratio_min, cfg->ratio_max, cfg->crop_pct);
+    return config_error_where(cfg, err);
+  }
+  RandAugmentPolicy randaugment;
+  if (randaugment_parse(&randaugment, cfg->randaugment, err) != 0) return -1;
+  *p = (TransformParams){.out_h = cfg->img_h,
+                         .out_w = cfg->img_w,
+                         .chans = cfg->in_chans,
+                         .scale_min = cfg->scale_min,
+                         .scale_max = cfg->scale_max,
+                         .ratio_min = cfg->ratio_min,
+                         .ratio_max = cfg->ratio_max,
+                         .hflip = cfg->hflip,
+                         .crop_pct = cfg->crop_pct,
+                         .resample = resample_choice(cfg->interpolation),
+                         .randaugment = randaugment,
+                         .color_jitter = cfg->color_jitter};
+  // timm's img_mean: min(255, round(255 * mean)) per channel, RandAugment's fill colour.
+  for (int c = 0; c < cfg->in_chans && c < 4; c++) {
+    double v = nearbyint(255.0 * cfg->mean[cfg->num_mean == 1 ? 0 : c]);
+    p->fill[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
+  return 0;
+}
+
 // Python's round() (half to even), as torchvision computes crop sizes with it.
 static int round_half_even(double x) {
   return (int)nearbyint(x);

@@ -1,5 +1,6 @@
-// transform.h: the data pipeline's private interfaces: image transforms on uint8 HWC images, and
-// the Dataset facts the loader needs beyond data/dataset.h.
+// transform.h: the data pipeline's private interfaces: image transforms on uint8 HWC images
+// (also swin_predict's, which runs the eval transform on files of no dataset), and the Dataset
+// facts the loader needs beyond data/dataset.h.
 //
 // The train transform is timm's: RandomResizedCrop (crop, then Pillow's resize with
 // data.interpolation) + horizontal flip, then RandAugment or, without it, ColorJitter. The eval
@@ -21,6 +22,7 @@
 #include "data/randaugment.h"
 #include "kernels/image_aug.h"
 #include "kernels/resize.h"
+#include "src/base/config.h"
 #include "src/base/rng.h"
 
 typedef struct {
@@ -34,6 +36,11 @@ typedef struct {
   float color_jitter;             // train, without RandAugment: ColorJitter(j, j, j); 0 = off
   uint8_t fill[4];                // RandAugment's outside colour: the mean pixel, per channel
 } TransformParams;
+
+// The transform settings of cfg (model.img_size and in_chans, the data.* augmentation keys),
+// checked: what dataset_open gives every dataset, and what swin_predict runs transform_eval with.
+// -1 with err (naming the config file's key where it can) when a setting is out of range.
+int transform_params_from_config(TransformParams *p, const Config *cfg, Error *err);
 
 // An integer crop box in source pixels.
 typedef struct {

@@ -77,20 +77,21 @@ static void test_save_refuses_nonfinite(TestRng *r) {
   const Param *p = &f.m.params[5];
   Error err;
   f.m.weights[p->offset + 2] = NAN;
-  int rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, 3, path, sizeof path, &err);
+  int rc =
+      checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
   test_check(rc == -1 && strstr(err.msg, p->t.name) && strstr(err.msg, "nan") &&
                  strstr(err.msg, "element 2") && count_files(dir) == 0,
              "save refuses a NaN weight, naming '%s', writing nothing: %.90s", p->t.name, err.msg);
   f.m.weights[p->offset + 2] = 0.5f;
   const Param *q = &f.m.params[f.m.num_params - 1];
   f.exp_avg_sq[q->offset] = INFINITY;
-  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, 3, path, sizeof path, &err);
+  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
   char name[160];
   snprintf(name, sizeof name, "optim.exp_avg_sq.%s", q->t.name);
   test_check(rc == -1 && strstr(err.msg, name) && strstr(err.msg, "inf") && count_files(dir) == 0,
              "save refuses an infinite second moment, naming '%s'", name);
   f.exp_avg_sq[q->offset] = 1e-7f;
-  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, 3, path, sizeof path, &err);
+  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
   test_check(rc == 0 && count_files(dir) == 1, "the finite state saves");
   fixture_free(&f);
 }
@@ -166,7 +167,7 @@ static void test_load_refuses(TestRng *r) {
   snprintf(exported, sizeof exported, "%s/export.safetensors", tmp_dir);
   const DType dtypes[2] = {DTYPE_F32, DTYPE_BF16};
   for (int d = 0; d < 2; d++) {
-    if (export_weights(&f.m, exported, dtypes[d], &err) != 0) {
+    if (export_weights(&f.m, exported, dtypes[d], NULL, &err) != 0) {
       test_check(0, "export: %s", err.msg);
       continue;
     }

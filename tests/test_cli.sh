@@ -87,6 +87,7 @@ expect "swin_export .onnx refuses a missing checkpoint" 1 "missing\.safetensors"
 
 fixture="$src/tests/fixtures/shifted_two_stages.safetensors"
 expect "swin_predict usage" 2 "usage: swin_predict" -- "$build/swin_predict"
+expect "swin_predict usage names the image form" 2 "swin_predict MODEL IMAGE\|DIR" -- "$build/swin_predict"
 expect "swin_predict names a missing model file" 1 "nothing\.safetensors" -- \
   "$build/swin_predict" "$tmp/nothing.safetensors" "$fixture" "$tmp/out.safetensors"
 expect "swin_predict refuses a file that is not a model, naming the tensor" 1 \

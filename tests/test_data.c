@@ -483,6 +483,19 @@ static void test_imagefolder(TestRng *r) {
   }
   test_check(labels_ok, "imagefolder: 5 images, 3 classes, labels in sorted class order (%s)",
              dataset_describe(ds));
+  char *joined = dataset_class_names_joined(ds);
+  test_check(joined && strcmp(joined, "Emu\ncat\ndog") == 0 &&
+                 strcmp(dataset_class_name(ds, 1), "cat") == 0 && !dataset_class_name(ds, 3),
+             "imagefolder: class names are the directories, sorted: %s", joined ? joined : "NULL");
+  free(joined);
+  char **listed, class_dir[1100];
+  int listed_count = 0;
+  snprintf(class_dir, sizeof class_dir, "%s/train/cat", root);
+  int rc = dataset_list_images(class_dir, &listed, &listed_count, &err);
+  test_check(rc == 0 && listed_count == 3 && strstr(listed[0], "/cat/a.png") &&
+                 strstr(listed[1], "/cat/b.JPG") && strstr(listed[2], "/cat/c.png"),
+             "dataset_list_images: a class directory's images, sorted, as the dataset lists them");
+  if (rc == 0) dataset_paths_free(listed, listed_count);
 
   // PNG is lossless and the eval transform at the image's own size is the identity, so decoded
   // pixels must equal what was written: RGB as is, gray replicated, RGBA without alpha.

@@ -80,7 +80,8 @@ int main(void) {
   make(&b, 10, 2);
 
   // f32: bit-exact.
-  test_check(export_weights(&a, path("a_f32.safetensors"), DTYPE_F32, &err) == 0, "export f32");
+  test_check(export_weights(&a, path("a_f32.safetensors"), DTYPE_F32, NULL, &err) == 0,
+             "export f32");
   test_check(import_weights(&b, path("a_f32.safetensors"), NULL, &err) == 0, "import f32: %s",
              err.msg);
   test_check(memcmp(a.weights, b.weights, sizeof(float) * a.num_floats) == 0,
@@ -94,7 +95,7 @@ int main(void) {
   } halfs[] = {{DTYPE_BF16, 1.0 / 256}, {DTYPE_F16, 1.0 / 2048}};
   for (int i = 0; i < 2; i++) {
     char *p = path(halfs[i].dtype == DTYPE_BF16 ? "a_bf16.safetensors" : "a_f16.safetensors");
-    test_check(export_weights(&a, p, halfs[i].dtype, &err) == 0, "export %s",
+    test_check(export_weights(&a, p, halfs[i].dtype, NULL, &err) == 0, "export %s",
                dtype_name(halfs[i].dtype));
     test_check(import_weights(&b, p, NULL, &err) == 0, "import %s", dtype_name(halfs[i].dtype));
     double worst = 0;

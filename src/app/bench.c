@@ -119,10 +119,7 @@ static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
   OptimState state = {.loss_scale = be->act == DTYPE_F16 ? cfg->loss_scale : 1.0f};
   be->ops->upload(be, b->opt.state, &state, sizeof state);
   upload_batch(b);
-  for (int c = 0; c < cfg->in_chans; c++) {
-    b->norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
-    b->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
-  }
+  b->norm = model_input_normalize(cfg);
   if (comm->mpi && model_reducer_attach(&b->reducer, comm, &b->m, cfg, err) != 0) return -1;
   return step_graphs_init(&b->graphs, be, cfg->cuda_graphs, comm->mpi, err);
 }

@@ -2,6 +2,8 @@
 // model as an ONNX inference graph when OUT ends in .onnx.
 //   swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16]
 //   swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N]
+// A safetensors export carries the checkpoint's config and class names (metadata swin.config,
+// swin.class_names) for swin_predict; an ONNX model carries neither.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +15,14 @@
 #include "src/io/safetensors.h"
 #include "src/model/model.h"
 
-static int load_model_from_checkpoint(Model *m, const char *path, Error *err) {
-  // The checkpoint carries its resolved config: build that model, then load into it.
+// The checkpoint carries its resolved config: build that model, then load into it. *class_names
+// gets a copy of its class names (NULL when it has none).
+static int load_model_from_checkpoint(Model *m, const char *path, char **class_names, Error *err) {
   SafeTensors st;
+  *class_names = NULL;
   if (safetensors_read(&st, path, err) != 0) return -1;
   const char *ini = safetensors_meta_get(&st, "config");
+  const char *names = safetensors_meta_get(&st, "class_names");
   Config cfg;
   config_defaults(&cfg);
   int rc = -1;
@@ -26,6 +31,10 @@ static int load_model_from_checkpoint(Model *m, const char *path, Error *err) {
   } else if (config_load_string(&cfg, ini, path, err) == 0 && config_validate(&cfg, err) == 0 &&
              model_create(m, &cfg, NULL, 0, err) == 0) {
     rc = 0;
+    if (names) {
+      size_t len = strlen(names) + 1;
+      *class_names = memcpy(malloc_check(len), names, len);
+    }
   }
   safetensors_free(&st);
   if (rc != 0) return -1;
@@ -113,12 +122,14 @@ int main(int argc, char **argv) {
   if (parse_args(&a, argc, argv) != 0) return 2;
   Model m;
   Error err;
-  if (load_model_from_checkpoint(&m, argv[1], &err) != 0) {
+  char *class_names;
+  if (load_model_from_checkpoint(&m, argv[1], &class_names, &err) != 0) {
     fprintf(stderr, "error: %s\n", err.msg);
     return 1;
   }
   int rc = a.onnx ? onnx_export_swin(&m, argv[2], a.dtype, a.batch, &err)
-                  : export_weights(&m, argv[2], a.dtype, &err);
+                  : export_weights(&m, argv[2], a.dtype, class_names, &err);
+  free(class_names);
   if (rc != 0) {
     fprintf(stderr, "error: %s\n", err.msg);
     model_destroy(&m);

@@ -84,6 +84,7 @@ typedef struct {
   float *soft_be[2];    // backend
   float *images;        // the normalized f32 batch (batch, H, W, Cin), backend
   Dataset *train_set, *val_set;
+  char *class_names;  // the train split's, '\n'-joined, for checkpoints (NULL: unnamed)
   Loader *loader;
   TrainState state;
   int64_t skipped_seen;  // state->skipped at the last read-back
@@ -468,10 +469,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
     if (stale < 0) return -1;
     if (stale > 0) printf("removed %d partial checkpoint file(s) of an interrupted save\n", stale);
   }
-  for (int c = 0; c < cfg->in_chans; c++) {
-    t->norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
-    t->norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
-  }
+  t->norm = model_input_normalize(cfg);
   if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
   if (train_loader_options(cfg, comm, true, &t->train_opt, err) != 0 ||
       train_loader_options(cfg, comm, false, &t->eval_opt, err) != 0)
@@ -517,6 +515,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
     return config_error_where(cfg, err);
   }
   printf("data: %s\n      %s\n", dataset_describe(t->train_set), dataset_describe(t->val_set));
+  t->class_names = dataset_class_names_joined(t->train_set);
   if (dataset_has_files(t->train_set))
     printf("decoder: %s%s\n",
            gpu_decode ? "nvjpeg (stb for PNGs and what nvJPEG does not take)" : "stb",
@@ -632,6 +631,7 @@ static void trainer_teardown(Trainer *t) {
   if (t->loader) loader_destroy(t->loader);
   if (t->train_set) dataset_close(t->train_set);
   if (t->val_set) dataset_close(t->val_set);
+  free(t->class_names);
   metrics_close(&t->metrics);
   runlock_release(&t->lock);
   if (be->ops) {
@@ -768,7 +768,7 @@ static int save_checkpoint(Trainer *t, Error *err) {
     optimizer_download_moments(&t->opt, &t->model);
     char path[1024];
     if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
-                        &t->state, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
+                        &t->state, t->class_names, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
       return error_prefix(err,
                           "checkpoint of step %lld failed; the earlier checkpoints in run_dir "
                           "are untouched and resume=auto continues from the newest:\n",

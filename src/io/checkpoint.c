@@ -115,8 +115,8 @@ static int check_finite_state(const Model *m, const float *exp_avg, const float 
 }
 
 int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
-                    const TrainState *state, int keep, char *path_out, size_t path_size,
-                    Error *err) {
+                    const TrainState *state, const char *class_names, int keep, char *path_out,
+                    size_t path_size, Error *err) {
   char path[1024], value[64];
   snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", dir, (long long)state->step);
   if (check_finite_state(m, exp_avg, exp_avg_sq, path, err) != 0) return -1;
@@ -145,6 +145,7 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
   safetensors_writer_meta(&w, "skipped_steps", value);
   snprintf(value, sizeof value, "%d", state->world);
   safetensors_writer_meta(&w, "world_size", value);
+  if (class_names) safetensors_writer_meta(&w, "class_names", class_names);
 
   // The weights, then both moments of every tensor under the same name with a prefix (the
   // writer copies the names).

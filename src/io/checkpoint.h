@@ -4,10 +4,12 @@
 // "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>". Metadata: format and version, the
 // resolved config (INI text), the optimizer step, the data position (epoch and next batch), the
 // seed that keys every counter-based random stream, the loss scaler (scale and clean steps), the
-// count of skipped steps and the process count of the job that wrote it. The format is the same
-// whatever device and precision wrote it. Files are named ckpt-<step>.safetensors in the run
-// directory, written atomically (temp file, fsync, rename) with a checksum; the newest `keep` are
-// kept.
+// count of skipped steps, the process count of the job that wrote it and, when the dataset names
+// its classes, "class_names": the names joined with '\n' in class order (label 0 first; an
+// ImageFolder's directories), which swin_predict prints and swin_export carries on. The format is
+// the same whatever device and precision wrote it. Files are named ckpt-<step>.safetensors in the
+// run directory, written atomically (temp file, fsync, rename) with a checksum; the newest `keep`
+// are kept.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -28,13 +30,14 @@ typedef struct {
   int32_t world;    // processes of the job that wrote it (0 in checkpoints that do not say)
 } TrainState;
 
-// Saves m's weights, the moments exp_avg / exp_avg_sq (num_floats each) and state into
-// dir/ckpt-<step>.safetensors, then deletes all but the newest `keep` checkpoints. path (if not
-// NULL) receives the file written. A NaN or infinity in any tensor is refused, naming it, and
-// nothing is written; a failed write (disk full, file size limit, permissions) leaves the earlier
-// checkpoints as they were and names the file and the cause.
+// Saves m's weights, the moments exp_avg / exp_avg_sq (num_floats each), state and class_names
+// ('\n'-joined, NULL: none) into dir/ckpt-<step>.safetensors, then deletes all but the newest
+// `keep` checkpoints. path (if not NULL) receives the file written. A NaN or infinity in any tensor
+// is refused, naming it, and nothing is written; a failed write (disk full, file size limit,
+// permissions) leaves the earlier checkpoints as they were and names the file and the cause.
 int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
-                    const TrainState *state, int keep, char *path, size_t path_size, Error *err);
+                    const TrainState *state, const char *class_names, int keep, char *path,
+                    size_t path_size, Error *err);
 // Loads a checkpoint into m (whose config must describe the same model), the moments and state.
 // Nothing is modified unless the whole file is valid: checksum, config, every tensor's dtype and
 // shape, finite values, non-negative second moments, step and data position.

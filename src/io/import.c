@@ -287,7 +287,8 @@ done:
   return rc;
 }
 
-int export_weights(const Model *m, const char *path, DType dtype, Error *err) {
+int export_weights(const Model *m, const char *path, DType dtype, const char *class_names,
+                   Error *err) {
   if (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16)
     return error_set(err, "export: dtype must be f32, bf16 or f16");
   size_t esize = dtype_size(dtype);
@@ -306,6 +307,7 @@ int export_weights(const Model *m, const char *path, DType dtype, Error *err) {
   safetensors_writer_meta(&w, "format", "pt");
   char *ini = config_to_ini(&m->cfg);
   safetensors_writer_meta(&w, "swin.config", ini);
+  if (class_names) safetensors_writer_meta(&w, "swin.class_names", class_names);
   for (int i = 0; i < m->num_params; i++) {
     Tensor t = m->params[i].t;  // the table's description, over the converted copy
     t.dtype = dtype;

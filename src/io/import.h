@@ -24,7 +24,11 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err);
 // align_corners=False) does: Keys' cubic with A = -0.75, source coordinate
 // (i + 0.5) * s / d - 0.5, taps clamped at the border; the official load_pretrained's resize.
 void bias_table_resize(const float *src, int sh, int sw, float *dst, int dh, int dw, int heads);
-int export_weights(const Model *m, const char *path, DType dtype, Error *err);
+// Writes m's weights to path as a timm state dict in dtype, with metadata "swin.config" (m's
+// config as INI text) and, when class_names is not NULL, "swin.class_names" (the names joined
+// with '\n', as a checkpoint's "class_names"): swin_predict reads both.
+int export_weights(const Model *m, const char *path, DType dtype, const char *class_names,
+                   Error *err);
 
 // swin_predict's input: tensor "input", F32 (B, img_h, img_w, in_chans), channels-last,
 // normalized, 1 <= B <= INPUT_BATCH_MAX. Sets *input or fails naming the file and the shape wanted.

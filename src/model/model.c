@@ -549,6 +549,15 @@ static void bind_drop_scales(Model *m, int B) {
   }
 }
 
+Normalize model_input_normalize(const Config *cfg) {
+  Normalize norm = {{0}, {0}};
+  for (int c = 0; c < cfg->in_chans && c < 4; c++) {
+    norm.mean[c] = cfg->mean[cfg->num_mean == 1 ? 0 : c];
+    norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
+  }
+  return norm;
+}
+
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
                    bool train, uint64_t seed, const StepParams *step, int64_t first_sample) {
   NVTX_PUSH("forward");

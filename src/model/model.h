@@ -176,6 +176,10 @@ void model_grads_to_host(const Model *m, float *dst);
 // A master-weight pointer's counterpart in the compute copy.
 const void *model_compute_weight(const Model *m, const float *master);
 
+// The normalization of uint8 input for cfg: data.mean / data.std per input channel (one value
+// given applies to every channel); what training, evaluation and swin_predict pass to
+// model_forward with U8 images.
+Normalize model_input_normalize(const Config *cfg);
 // Forward over B <= max_batch images input (B, H, W, Cin) in backend memory: uint8 pixels
 // (input_dtype U8, normalized with norm) or normalized f32 images (F32; norm unused). Logits land
 // in m->acts.logits. train enables drop path, keyed by (seed, step->step, first_sample + b), the

@@ -86,7 +86,8 @@ static void seed_weights(const char *tmp) {
   }
   TrainState state = {.step = 3, .epoch = 1, .batch = 1, .seed = 0, .loss_scale = 1};
   char path[1024];
-  if (checkpoint_save(tmp, &m, exp_avg, exp_avg_sq, &state, 1, path, sizeof path, &err) != 0) {
+  if (checkpoint_save(tmp, &m, exp_avg, exp_avg_sq, &state, NULL, 1, path, sizeof path, &err) !=
+      0) {
     fprintf(stderr, "%s\n", err.msg);
     exit(1);
   }
@@ -98,7 +99,7 @@ static void seed_weights(const char *tmp) {
     char name[64];
     snprintf(path, sizeof path, "%s/export.safetensors", tmp);
     snprintf(name, sizeof name, "export-%s", dtypes[d]);
-    if (export_weights(&m, path, types[d], &err) != 0) {
+    if (export_weights(&m, path, types[d], NULL, &err) != 0) {
       fprintf(stderr, "%s\n", err.msg);
       exit(1);
     }
