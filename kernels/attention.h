@@ -49,9 +49,7 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 //   is given.
 // The table must have max(index) + 1 rows (as the CPU reference infers), and index entries must
 // be below the largest (2wh-1)(2ww-1) over the window shapes wh * ww = N, which
-// relative_position_index guarantees: the backward visits only those rows of dtable. The flash
-// tensor-core kernels take index to be a relative_position_index, whose largest entry is
-// index[N-1][0]: they copy head h's table rows up to it into shared memory.
+// relative_position_index guarantees: the backward visits only those rows of dtable.
 #define WINDOW_ATTENTION_CUDA_MAX_N 576
 #define WINDOW_ATTENTION_CUDA_MAX_HEAD_DIM 64
 // The most thread blocks a tensor-core or flash backward launches (a wave: 396 on the H200),

@@ -62,11 +62,10 @@ __device__ __forceinline__ void fl_load(T *tile, const T *__restrict__ src, int6
 }
 
 // acc (16 rows of this warp x 64 keys) = A B^T over HD channels: A rows r0.. of tile A, B the 64
-// rows of tile B (q k^T, dO v^T). Keys from nk on (past the window: zero rows of B) are skipped
-// 16 at a time, their acc left 0.
+// rows of tile B (q k^T, dO v^T).
 template <typename T, int HD>
 __device__ __forceinline__ void fl_products(float (&acc)[kFlKeyTiles][4], const T *A, const T *B,
-                                            int r0, int lane, int nk) {
+                                            int r0, int lane) {
   constexpr int LD = HD + 8;
 #pragma unroll
   for (int nt = 0; nt < kFlKeyTiles; nt++)
@@ -78,7 +77,6 @@ __device__ __forceinline__ void fl_products(float (&acc)[kFlKeyTiles][4], const 
     a_rows<LD>(a, A, r0, kk, lane);
 #pragma unroll
     for (int np = 0; np < kFlKeyTiles / 2; np++) {
-      if (np * 16 >= nk) continue;
       uint32_t b[4];
       b_rows<LD>(b, B, np * 16, kk, lane);
       mma16816<T>(acc[2 * np], a, b[0], b[1]);
@@ -87,56 +85,32 @@ __device__ __forceinline__ void fl_products(float (&acc)[kFlKeyTiles][4], const 
   }
 }
 
-// Stages head h's column of the bias table in tab (shared memory): rows 0..index[N-1][0], all
-// the rows of a relative_position_index table (its largest entry pairs the window's last token
-// with its first), clamped to tab_rows = table_rows_bound(N), the column's room. Followed by a
-// barrier before any read.
-__device__ __forceinline__ void fl_stage_table(float *tab, const float *__restrict__ table,
-                                               const int *__restrict__ index, int N, int heads,
-                                               int h, int tab_rows) {
-  const int rows = min(index[(int64_t)(N - 1) * N] + 1, tab_rows);
-  for (int t = threadIdx.x; t < rows; t += blockDim.x) tab[t] = table[(int64_t)t * heads + h];
-}
-
-// S2 = S scale2 + (tab[index[i][j]] + mask_w[i][j]) log2(e) for this thread's elements: query
-// rows i0 and i0 + 8, keys j0 + 8 nt + (0, 1) (j0 even); -inf for keys >= N. Query rows >= N
-// (whose results are never stored) take row N - 1's bias, so every read stays in bounds. With N
-// even a key pair's index and mask entries are one 8-byte load each.
-__device__ __forceinline__ void fl_bias(float (&S)[kFlKeyTiles][4], float scale2, const float *tab,
+// S2 = S scale2 + (table[index[i][j]][h] + mask_w[i][j]) log2(e) for this thread's elements:
+// query rows i0 and i0 + 8, keys j0 + 8 nt + (0, 1); -inf for keys >= N. Query rows >= N (whose
+// results are never stored) take row N - 1's bias, so every read stays in bounds.
+__device__ __forceinline__ void fl_bias(float (&S)[kFlKeyTiles][4], float scale2,
+                                        const float *__restrict__ table,
                                         const int *__restrict__ index,
-                                        const float *__restrict__ mask_w, int i0, int j0, int N) {
-  const bool pairs = N % 2 == 0;
+                                        const float *__restrict__ mask_w, int i0, int j0, int N,
+                                        int heads, int h) {
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int i = min(i0 + 8 * r, N - 1);
     const int *idx = index + (int64_t)i * N;
     const float *m = mask_w ? mask_w + (int64_t)i * N : nullptr;
 #pragma unroll
-    for (int nt = 0; nt < kFlKeyTiles; nt++) {
-      const int j = j0 + nt * 8;
-      int t2[2] = {0, 0};
-      float m2[2] = {0.0f, 0.0f};
-      if (pairs && j + 1 < N) {
-        const int2 t = *reinterpret_cast<const int2 *>(idx + j);
-        t2[0] = t.x, t2[1] = t.y;
-        if (m) {
-          const float2 mm = *reinterpret_cast<const float2 *>(m + j);
-          m2[0] = mm.x, m2[1] = mm.y;
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < 2; c++)
-          if (j + c < N) {
-            t2[c] = idx[j + c];
-            if (m) m2[c] = m[j + c];
-          }
-      }
+    for (int nt = 0; nt < kFlKeyTiles; nt++)
 #pragma unroll
       for (int c = 0; c < 2; c++) {
+        const int j = j0 + nt * 8 + c;
         float &s = S[nt][2 * r + c];
-        s = j + c < N ? fmaf(s, scale2, (tab[t2[c]] + m2[c]) * kLog2e) : -INFINITY;
+        if (j < N) {
+          const float bias = table[idx[j] * heads + h] + (m ? m[j] : 0.0f);
+          s = fmaf(s, scale2, bias * kLog2e);
+        } else {
+          s = -INFINITY;
+        }
       }
-    }
   }
 }
 
@@ -151,15 +125,14 @@ __device__ __forceinline__ void fl_a_from_acc(uint32_t (&a)[4], const float (&ac
 }
 
 // out (16 rows x HD) += P (16 x 64 keys, rounded to T) times the key tile V (64, HD + 8): the
-// products over keys (P v, dS k). Keys from nk on, whose P is 0, are skipped 16 at a time.
+// products over keys (P v, dS k).
 template <typename T, int HD>
 __device__ __forceinline__ void fl_times_keys(float (&out)[HD / 8][4],
                                               const float (&P)[kFlKeyTiles][4], const T *V,
-                                              int lane, int nk) {
+                                              int lane) {
   constexpr int LD = HD + 8;
 #pragma unroll
   for (int q = 0; q < kFlashKeys / 16; q++) {
-    if (q * 16 >= nk) continue;
     uint32_t a[4];
     fl_a_from_acc<T>(a, P, q);
 #pragma unroll
@@ -204,18 +177,16 @@ __global__ void __launch_bounds__(kFlThreads)
     flash_forward_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
                          const float *__restrict__ table, const int *__restrict__ index,
                          const float *__restrict__ mask, int nW, int N, int C, int heads,
-                         int qtiles, float scale, int tab_rows) {
+                         int qtiles, float scale) {
   constexpr int kTile = kFlRows * (HD + 8);
   extern __shared__ float4 attention_smem[];
   T *Qs = reinterpret_cast<T *>(attention_smem);
   T *kv = Qs + kTile;  // 2 x (K, V)
-  float *tab = reinterpret_cast<float *>(kv + 4 * kTile);
   const int qt = (int)(blockIdx.x % qtiles);
   const int64_t p = blockIdx.x / qtiles, b = p / heads;
   const int h = (int)(p % heads), q0 = qt * kFlRows, ktiles = flash_key_tiles(N);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16, i0 = q0 + r0 + g;
-  const bool live = q0 + r0 < N;  // the warp has rows in the window
   const int64_t stride = 3 * (int64_t)C;
   const T *head = qkv + b * N * stride + h * HD;  // q of token 0; k at + C, v at + 2C
   const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
@@ -225,7 +196,6 @@ __global__ void __launch_bounds__(kFlThreads)
   fl_load<T, HD>(kv, head + C, stride, 0, N);
   fl_load<T, HD>(kv + kTile, head + 2 * C, stride, 0, N);
   cp_async_commit();
-  fl_stage_table(tab, table, index, N, heads, h, tab_rows);  // read after the first barrier
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share
   float O[HD / 8][4];
@@ -242,39 +212,36 @@ __global__ void __launch_bounds__(kFlThreads)
       cp_async_wait<0>();
     }
     __syncthreads();  // this key tile (and at kt = 0 the query tile) is complete
-    // A warp whose 16 rows are all past the window only copies and waits.
-    if (live) {
-      const int nk = min(kFlashKeys, N - kt * kFlashKeys);
-      float S[kFlKeyTiles][4];
-      fl_products<T, HD>(S, Qs, Ks, r0, lane, nk);
-      fl_bias(S, scale2, tab, index, mask_w, i0, kt * kFlashKeys + 2 * t, N);
-      // Key 0 of every tile is a token (< N), so the new maximum is finite.
-      float mx[2] = {m[0], m[1]};
+
+    float S[kFlKeyTiles][4];
+    fl_products<T, HD>(S, Qs, Ks, r0, lane);
+    fl_bias(S, scale2, table, index, mask_w, i0, kt * kFlashKeys + 2 * t, N, heads, h);
+    // Key 0 of every tile is a token (< N), so the new maximum is finite.
+    float mx[2] = {m[0], m[1]};
 #pragma unroll
-      for (int nt = 0; nt < kFlKeyTiles; nt++)
+    for (int nt = 0; nt < kFlKeyTiles; nt++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
-      float alpha[2];
+      for (int c = 0; c < 4; c++) mx[c >> 1] = fmaxf(mx[c >> 1], S[nt][c]);
+    float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
-        alpha[r] = fast_exp2(m[r] - mx[r]);  // 0 at the first tile (m = -inf)
-        m[r] = mx[r];
-        l[r] *= alpha[r];
+    for (int r = 0; r < 2; r++) {
+      for (int o = 1; o < 4; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], o));
+      alpha[r] = fast_exp2(m[r] - mx[r]);  // 0 at the first tile (m = -inf)
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kFlKeyTiles; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        S[nt][c] = fast_exp2(S[nt][c] - m[c >> 1]);  // exp2(-inf) = 0 for padded keys
+        l[c >> 1] += S[nt][c];
       }
 #pragma unroll
-      for (int nt = 0; nt < kFlKeyTiles; nt++)
+    for (int nd = 0; nd < HD / 8; nd++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-          S[nt][c] = fast_exp2(S[nt][c] - m[c >> 1]);  // exp2(-inf) = 0 for padded keys
-          l[c >> 1] += S[nt][c];
-        }
-#pragma unroll
-      for (int nd = 0; nd < HD / 8; nd++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) O[nd][c] *= alpha[c >> 1];
-      fl_times_keys<T, HD>(O, S, Vs, lane, nk);
-    }
+      for (int c = 0; c < 4; c++) O[nd][c] *= alpha[c >> 1];
+    fl_times_keys<T, HD>(O, S, Vs, lane);
     __syncthreads();  // every warp is done with this key tile before the next copy refills it
   }
 
@@ -296,19 +263,17 @@ __global__ void __launch_bounds__(kFlThreads)
                     const T *__restrict__ qkv, const T *__restrict__ out,
                     const float *__restrict__ lse, const float *__restrict__ table,
                     const int *__restrict__ index, const float *__restrict__ mask, int nW, int N,
-                    int C, int heads, int qtiles, float scale, int tab_rows) {
+                    int C, int heads, int qtiles, float scale) {
   constexpr int kTile = kFlRows * (HD + 8);
   extern __shared__ float4 attention_smem[];
   T *Qs = reinterpret_cast<T *>(attention_smem);
   T *dOs = Qs + kTile;
   T *kv = dOs + kTile;  // 2 x (K, V)
-  float *tab = reinterpret_cast<float *>(kv + 4 * kTile);
   const int qt = (int)(blockIdx.x % qtiles);
   const int64_t p = blockIdx.x / qtiles, b = p / heads;
   const int h = (int)(p % heads), q0 = qt * kFlRows, ktiles = flash_key_tiles(N);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16, i0 = q0 + r0 + g;
-  const bool live = q0 + r0 < N;  // the warp has rows in the window
   const int64_t stride = 3 * (int64_t)C;
   const T *head = qkv + b * N * stride + h * HD;
   const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
@@ -319,7 +284,6 @@ __global__ void __launch_bounds__(kFlThreads)
   fl_load<T, HD>(kv, head + C, stride, 0, N);
   fl_load<T, HD>(kv + kTile, head + 2 * C, stride, 0, N);
   cp_async_commit();
-  fl_stage_table(tab, table, index, N, heads, h, tab_rows);  // read after the first barrier
 
   // delta of the warp's 16 rows: lanes 2r and 2r + 1 take halves of row r0 + r's channels.
   float row_delta[2], row_lse[2];
@@ -362,21 +326,19 @@ __global__ void __launch_bounds__(kFlThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (live) {  // as in the forward
-      const int nk = min(kFlashKeys, N - kt * kFlashKeys);
-      float P[kFlKeyTiles][4], dS[kFlKeyTiles][4];
-      fl_products<T, HD>(P, Qs, Ks, r0, lane, nk);
-      fl_bias(P, scale2, tab, index, mask_w, i0, kt * kFlashKeys + 2 * t, N);
-      fl_products<T, HD>(dS, dOs, Vs, r0, lane, nk);  // dP
+
+    float P[kFlKeyTiles][4], dS[kFlKeyTiles][4];
+    fl_products<T, HD>(P, Qs, Ks, r0, lane);
+    fl_bias(P, scale2, table, index, mask_w, i0, kt * kFlashKeys + 2 * t, N, heads, h);
+    fl_products<T, HD>(dS, dOs, Vs, r0, lane);  // dP
 #pragma unroll
-      for (int nt = 0; nt < kFlKeyTiles; nt++)
+    for (int nt = 0; nt < kFlKeyTiles; nt++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const float pr = fast_exp2(P[nt][c] - row_lse[c >> 1]);
-          dS[nt][c] = pr * (dS[nt][c] - row_delta[c >> 1]);
-        }
-      fl_times_keys<T, HD>(dq, dS, Ks, lane, nk);
-    }
+      for (int c = 0; c < 4; c++) {
+        const float pr = fast_exp2(P[nt][c] - row_lse[c >> 1]);
+        dS[nt][c] = pr * (dS[nt][c] - row_delta[c >> 1]);
+      }
+    fl_times_keys<T, HD>(dq, dS, Ks, lane);
     __syncthreads();
   }
   const float mul[2] = {scale, scale};
@@ -393,7 +355,7 @@ __global__ void __launch_bounds__(kFlThreads)
                      const float *__restrict__ lse, const float *__restrict__ delta,
                      const float *__restrict__ table, const int *__restrict__ index,
                      const float *__restrict__ mask, int BW, int nW, int N, int C, int heads,
-                     int groups, float scale, int tab_rows) {
+                     int groups, float scale) {
   constexpr int kTile = kFlRows * (HD + 8), kFrag = kFlWarps * kFlKeyTiles * 32;
   const int ktiles = flash_key_tiles(N), qtiles = ktiles;
   extern __shared__ float4 attention_smem[];
@@ -401,9 +363,7 @@ __global__ void __launch_bounds__(kFlThreads)
   T *Ks = reinterpret_cast<T *>(dsum + qtiles * kFrag), *Vs = Ks + kTile;
   T *qd = Vs + kTile;  // 2 x (q, dO)
   T *Ps = qd + 4 * kTile, *dSs = Ps + kFlRows * kFlLdP;
-  float *tab = reinterpret_cast<float *>(dSs + kFlRows * kFlLdP);
   const int kt = (int)(blockIdx.x % ktiles), k0 = kt * kFlashKeys;
-  const int nk = min(kFlashKeys, N - k0);  // the block's keys in the window
   const int h = (int)(blockIdx.x / ktiles % heads), group = (int)(blockIdx.x / ktiles / heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
@@ -412,8 +372,6 @@ __global__ void __launch_bounds__(kFlThreads)
   float4 *my_sum = dsum + warp * kFlKeyTiles * 32 + lane;  // + qt * kFrag + nt * 32
   for (int e = threadIdx.x; e < qtiles * kFrag; e += blockDim.x)
     dsum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  fl_stage_table(tab, table, index, N, heads, h,
-                 tab_rows);  // read after the first iteration's barrier
 
   // Iteration it serves query tile it % qtiles of window group + (it / qtiles) groups.
   const int64_t windows = (BW - group + groups - 1) / groups, iters = windows * qtiles;
@@ -455,35 +413,30 @@ __global__ void __launch_bounds__(kFlThreads)
       row_delta[r] = i < N ? delta[p * N + i] : 0.0f;
     }
     const float *mask_w = mask ? mask + (b % nW) * N * N : nullptr;
-    // Query rows past the window have P = 0: a warp with none in it skips to the barrier (the
-    // products below read only the tiles' rows before nq).
-    const int nq = min(kFlRows, N - q0);
-    if (r0 < nq) {
-      float P[kFlKeyTiles][4], dS[kFlKeyTiles][4];
-      fl_products<T, HD>(P, Qs, Ks, r0, lane, nk);
-      fl_bias(P, scale2, tab, index, mask_w, i0, k0 + 2 * t, N);
-      fl_products<T, HD>(dS, dOs, Vs, r0, lane, nk);  // dP
+    float P[kFlKeyTiles][4], dS[kFlKeyTiles][4];
+    fl_products<T, HD>(P, Qs, Ks, r0, lane);
+    fl_bias(P, scale2, table, index, mask_w, i0, k0 + 2 * t, N, heads, h);
+    fl_products<T, HD>(dS, dOs, Vs, r0, lane);  // dP
 #pragma unroll
-      for (int nt = 0; nt < kFlKeyTiles; nt++) {
-        float4 *sum = my_sum + qt * kFrag + nt * 32;
-        float s[4];
+    for (int nt = 0; nt < kFlKeyTiles; nt++) {
+      float4 *sum = my_sum + qt * kFrag + nt * 32;
+      float s[4];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-          P[nt][c] = fast_exp2(P[nt][c] - row_lse[c >> 1]);
-          dS[nt][c] = P[nt][c] * (dS[nt][c] - row_delta[c >> 1]);
-        }
-        const float4 old = *sum;
-        s[0] = old.x + dS[nt][0];
-        s[1] = old.y + dS[nt][1];
-        s[2] = old.z + dS[nt][2];
-        s[3] = old.w + dS[nt][3];
-        *sum = make_float4(s[0], s[1], s[2], s[3]);
+      for (int c = 0; c < 4; c++) {
+        P[nt][c] = fast_exp2(P[nt][c] - row_lse[c >> 1]);
+        dS[nt][c] = P[nt][c] * (dS[nt][c] - row_delta[c >> 1]);
+      }
+      const float4 old = *sum;
+      s[0] = old.x + dS[nt][0];
+      s[1] = old.y + dS[nt][1];
+      s[2] = old.z + dS[nt][2];
+      s[3] = old.w + dS[nt][3];
+      *sum = make_float4(s[0], s[1], s[2], s[3]);
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-          const int off = (r0 + g + 8 * r) * kFlLdP + nt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t *>(Ps + off) = pack2<T>(P[nt][2 * r], P[nt][2 * r + 1]);
-          *reinterpret_cast<uint32_t *>(dSs + off) = pack2<T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
-        }
+      for (int r = 0; r < 2; r++) {
+        const int off = (r0 + g + 8 * r) * kFlLdP + nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t *>(Ps + off) = pack2<T>(P[nt][2 * r], P[nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t *>(dSs + off) = pack2<T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
       }
     }
     __syncthreads();  // the P and dS tiles are complete
@@ -492,7 +445,6 @@ __global__ void __launch_bounds__(kFlThreads)
     constexpr int LD = HD + 8;
 #pragma unroll
     for (int kk = 0; kk < kFlRows; kk += 16) {
-      if (kk >= nq || r0 >= nk) continue;  // no queries left, or no keys of this warp
       uint32_t as[4], ap[4];
       a_cols<kFlLdP>(as, dSs, r0, kk, lane);
       a_cols<kFlLdP>(ap, Ps, r0, kk, lane);
@@ -534,20 +486,15 @@ __global__ void __launch_bounds__(kFlThreads)
     }
 }
 
-// Shared memory of the kernels: their tiles, then the table column (table_rows_bound floats).
-size_t fl_table_smem(int N) {
-  return sizeof(float) * (size_t)table_rows_bound(N);
+size_t fl_forward_smem(int hd) {
+  return sizeof(uint16_t) * 5 * kFlRows * (size_t)(hd + 8);
 }
-size_t fl_forward_smem(int N, int hd) {
-  return sizeof(uint16_t) * 5 * kFlRows * (size_t)(hd + 8) + fl_table_smem(N);
-}
-size_t fl_dq_smem(int N, int hd) {
-  return sizeof(uint16_t) * 6 * kFlRows * (size_t)(hd + 8) + fl_table_smem(N);
+size_t fl_dq_smem(int hd) {
+  return sizeof(uint16_t) * 6 * kFlRows * (size_t)(hd + 8);
 }
 size_t fl_dkv_smem(int N, int hd) {
   return sizeof(float4) * (size_t)flash_key_tiles(N) * kFlWarps * kFlKeyTiles * 32 +
-         sizeof(uint16_t) * ((size_t)6 * kFlRows * (hd + 8) + (size_t)2 * kFlRows * kFlLdP) +
-         fl_table_smem(N);
+         sizeof(uint16_t) * ((size_t)6 * kFlRows * (hd + 8) + (size_t)2 * kFlRows * kFlLdP);
 }
 
 // Blocks of a dk/dv launch: as many as the SMs hold by shared memory (at most 2: the kernel's
@@ -608,16 +555,15 @@ void window_attention_forward_flash_tc(DType dt, void *out, float *lse, const vo
   const int hd = C / heads;
   fl_check_alignment("window_attention_forward_cuda", out, qkv, nullptr);
   const unsigned grid = fl_query_grid("window_attention_forward_cuda", BW, N, heads);
-  const size_t smem = fl_forward_smem(N, hd);
+  const size_t smem = fl_forward_smem(hd);
   SWIN_DISPATCH(dt, T, {
     if constexpr (sizeof(T) == 2) {
       fl_with_head_dim(hd, [&](auto HD) {
         auto kernel = flash_forward_kernel<T, decltype(HD)::value>;
         allow_smem(kernel, smem);
-        kernel<<<grid, kFlThreads, smem, stream>>>(static_cast<T *>(out), lse,
-                                                   static_cast<const T *>(qkv), table, index, mask,
-                                                   mask ? nW : 1, N, C, heads, flash_key_tiles(N),
-                                                   attention_scale(hd), table_rows_bound(N));
+        kernel<<<grid, kFlThreads, smem, stream>>>(
+            static_cast<T *>(out), lse, static_cast<const T *>(qkv), table, index, mask,
+            mask ? nW : 1, N, C, heads, flash_key_tiles(N), attention_scale(hd));
       });
     }
   });
@@ -638,7 +584,7 @@ int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, c
   fl_check_alignment("window_attention_backward_cuda", out, out, nullptr);
   const unsigned grid = fl_query_grid("window_attention_backward_cuda", BW, N, heads);
   const int groups = window_attention_backward_flash_tc_groups(BW, N, C, heads);
-  const size_t dq_smem = fl_dq_smem(N, hd), dkv_smem = fl_dkv_smem(N, hd);
+  const size_t dq_smem = fl_dq_smem(hd), dkv_smem = fl_dkv_smem(N, hd);
   const int mask_nW = mask ? nW : 1;
   SWIN_DISPATCH(dt, T, {
     if constexpr (sizeof(T) == 2) {
@@ -648,14 +594,14 @@ int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, c
         dq_kernel<<<grid, kFlThreads, dq_smem, stream>>>(
             static_cast<T *>(dqkv), delta, static_cast<const T *>(dout),
             static_cast<const T *>(qkv), static_cast<const T *>(out), lse, table, index, mask,
-            mask_nW, N, C, heads, tiles, attention_scale(hd), table_rows_bound(N));
+            mask_nW, N, C, heads, tiles, attention_scale(hd));
         CUDA_CHECK_LAUNCH();
         auto dkv_kernel = flash_dkv_kernel<T, decltype(HD)::value>;
         allow_smem(dkv_kernel, dkv_smem);
         dkv_kernel<<<(unsigned)(groups * heads * tiles), kFlThreads, dkv_smem, stream>>>(
             static_cast<T *>(dqkv), ds_partial, static_cast<const T *>(dout),
             static_cast<const T *>(qkv), lse, delta, table, index, mask, BW, mask_nW, N, C, heads,
-            groups, attention_scale(hd), table_rows_bound(N));
+            groups, attention_scale(hd));
       });
     }
   });
