@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "src/base/config.h"
+#include "src/base/util.h"
 #include "src/io/checkpoint.h"
 #include "src/io/onnx.h"
 #include "src/io/safetensors.h"
@@ -31,11 +32,6 @@ static char dir[] = "/tmp/swin_test_onnx_XXXXXX";
 static const char *tmp_path(char *buf, size_t size, const char *name) {
   snprintf(buf, size, "%s/%s", dir, name);
   return buf;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 // ---------------------------------------------------------------------------------------------

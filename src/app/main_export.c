@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "src/base/config.h"
+#include "src/base/util.h"
 #include "src/io/checkpoint.h"
 #include "src/io/import.h"
 #include "src/io/onnx.h"
@@ -53,11 +54,6 @@ static const char *usage =
     "OUT ending in .onnx writes an ONNX model (opset 17): input 'images' (N, C, H, W) float32,\n"
     "normalized; output 'logits' (N, classes) float32. Any other OUT writes the weights as a\n"
     "timm state dict in safetensors.\n";
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
 
 typedef struct {
   bool onnx;

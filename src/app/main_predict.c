@@ -40,6 +40,7 @@
 #include "data/image.h"
 #include "data/transform.h"
 #include "src/base/config.h"
+#include "src/base/util.h"
 #include "src/io/checkpoint.h"
 #include "src/io/import.h"
 #include "src/io/safetensors.h"
@@ -59,11 +60,6 @@ static const char *usage =
     "PNG files, or directories of them (*.jpg, *.jpeg, *.png, not recursive), through the\n"
     "validation transform; prints the top K classes (default 5) of each, --json one JSON object\n"
     "per line.\n";
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
 
 static bool path_exists(const char *path) {
   struct stat st;

@@ -224,6 +224,11 @@ double time_now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
 int edit_distance(const char *a, const char *b) {
   size_t n = strlen(a), m = strlen(b);
   if (n > 63 || m > 63) return 64;

@@ -6,6 +6,7 @@
 // "HINT: ...".
 #pragma once
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +68,9 @@ double time_now_s(void);
 
 // Levenshtein distance, for "did you mean" hints.
 int edit_distance(const char *a, const char *b);
+
+// Whether s ends with suffix (file kinds by their names: ".onnx", ".safetensors").
+bool ends_with(const char *s, const char *suffix);
 
 #ifdef __cplusplus
 }
