@@ -36,6 +36,33 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// dk += dS^T q and dv += P^T dO for the 16 keys r0.. of this warp, over the ROWS query rows of
+// the (ROWS, LDP) dS and P tiles and the (ROWS, HD + 8) q and dO tiles in shared memory: the
+// dk/dv products of the tensor-core backward (attention_tc.cu) and the flash one
+// (attention_flash_tc.cu).
+template <typename T, int HD, int ROWS, int LDP>
+__device__ __forceinline__ void dkdv_products(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
+                                              const T *dSs, const T *Ps, const T *Qs, const T *dOs,
+                                              int r0, int lane) {
+  constexpr int LD = HD + 8;
+#pragma unroll
+  for (int kk = 0; kk < ROWS; kk += 16) {
+    uint32_t as[4], ap[4];
+    a_cols<LDP>(as, dSs, r0, kk, lane);
+    a_cols<LDP>(ap, Ps, r0, kk, lane);
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+      uint32_t bq[4], bo[4];
+      b_cols<LD>(bq, Qs, np * 16, kk, lane);
+      b_cols<LD>(bo, dOs, np * 16, kk, lane);
+      mma16816<T>(dk[2 * np], as, bq[0], bq[1]);
+      mma16816<T>(dk[2 * np + 1], as, bq[2], bq[3]);
+      mma16816<T>(dv[2 * np], ap, bo[0], bo[1]);
+      mma16816<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
+    }
+  }
+}
+
 // ---- SIMT kernels (attention_simt.cu): any element type, one block per (window, head) -------
 // The forward saves the probabilities in att (BW, heads, N, N). The backward overwrites att
 // with dS, the window sums window_attention_dtable_backward reduces (BW rows), and with

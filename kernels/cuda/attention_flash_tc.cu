@@ -171,6 +171,23 @@ __device__ __forceinline__ void fl_store(T *__restrict__ dst, int64_t stride,
   }
 }
 
+// The key-tile step of the forward and dq kernels, whose K and V tiles are double-buffered in
+// kv (2 x (K, V)): starts the copy of key tile kt + 1 (if any) and waits for tile kt's.
+template <typename T, int HD>
+__device__ __forceinline__ void fl_next_key_tile(T *kv, const T *head, int C, int64_t stride,
+                                                 int kt, int ktiles, int N) {
+  constexpr int kTile = kFlRows * (HD + 8);
+  if (kt + 1 < ktiles) {
+    T *next = kv + ((kt + 1) & 1) * 2 * kTile;
+    fl_load<T, HD>(next, head + C, stride, (kt + 1) * kFlashKeys, N);
+    fl_load<T, HD>(next + kTile, head + 2 * C, stride, (kt + 1) * kFlashKeys, N);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 // Block (window b, head h, query tile qt) with blockIdx.x = (b * heads + h) * qtiles + qt.
 template <typename T, int HD>
 __global__ void __launch_bounds__(kFlThreads)
@@ -202,15 +219,7 @@ __global__ void __launch_bounds__(kFlThreads)
   fl_zero<HD>(O);
   for (int kt = 0; kt < ktiles; kt++) {
     const T *Ks = kv + (kt & 1) * 2 * kTile, *Vs = Ks + kTile;
-    if (kt + 1 < ktiles) {
-      T *next = kv + ((kt + 1) & 1) * 2 * kTile;
-      fl_load<T, HD>(next, head + C, stride, (kt + 1) * kFlashKeys, N);
-      fl_load<T, HD>(next + kTile, head + 2 * C, stride, (kt + 1) * kFlashKeys, N);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    fl_next_key_tile<T, HD>(kv, head, C, stride, kt, ktiles, N);
     __syncthreads();  // this key tile (and at kt = 0 the query tile) is complete
 
     float S[kFlKeyTiles][4];
@@ -316,15 +325,7 @@ __global__ void __launch_bounds__(kFlThreads)
   fl_zero<HD>(dq);
   for (int kt = 0; kt < ktiles; kt++) {
     const T *Ks = kv + (kt & 1) * 2 * kTile, *Vs = Ks + kTile;
-    if (kt + 1 < ktiles) {
-      T *next = kv + ((kt + 1) & 1) * 2 * kTile;
-      fl_load<T, HD>(next, head + C, stride, (kt + 1) * kFlashKeys, N);
-      fl_load<T, HD>(next + kTile, head + 2 * C, stride, (kt + 1) * kFlashKeys, N);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    fl_next_key_tile<T, HD>(kv, head, C, stride, kt, ktiles, N);
     __syncthreads();
 
     float P[kFlKeyTiles][4], dS[kFlKeyTiles][4];
@@ -442,23 +443,7 @@ __global__ void __launch_bounds__(kFlThreads)
     __syncthreads();  // the P and dS tiles are complete
 
     // dv += P^T dO and dk += dS^T q for the keys k0 + 16 warp ..
-    constexpr int LD = HD + 8;
-#pragma unroll
-    for (int kk = 0; kk < kFlRows; kk += 16) {
-      uint32_t as[4], ap[4];
-      a_cols<kFlLdP>(as, dSs, r0, kk, lane);
-      a_cols<kFlLdP>(ap, Ps, r0, kk, lane);
-#pragma unroll
-      for (int np = 0; np < HD / 16; np++) {
-        uint32_t bq[4], bo[4];
-        b_cols<LD>(bq, Qs, np * 16, kk, lane);
-        b_cols<LD>(bo, dOs, np * 16, kk, lane);
-        mma16816<T>(dk[2 * np], as, bq[0], bq[1]);
-        mma16816<T>(dk[2 * np + 1], as, bq[2], bq[3]);
-        mma16816<T>(dv[2 * np], ap, bo[0], bo[1]);
-        mma16816<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
-      }
-    }
+    dkdv_products<T, HD, kFlRows, kFlLdP>(dk, dv, dSs, Ps, Qs, dOs, r0, lane);
     if (qt == qtiles - 1) {  // the window's last query tile: its dk, dv are complete
       T *dst = dqkv + b * N * stride + h * HD;
       const float mul_k[2] = {scale, scale}, mul_v[2] = {1.0f, 1.0f};

@@ -502,22 +502,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcBackwardBlocksPerSm)
       for (int nd = 0; nd < HD / 8; nd++)
 #pragma unroll
         for (int c = 0; c < 4; c++) dk[nd][c] = dv[nd][c] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kTcRows; kk += 16) {
-        uint32_t as[4], ap[4];
-        a_cols<kTcLdP>(as, dSs, r0, kk, lane);
-        a_cols<kTcLdP>(ap, Ps, r0, kk, lane);
-#pragma unroll
-        for (int np = 0; np < HD / 16; np++) {
-          uint32_t bq[4], bo[4];
-          b_cols<LD>(bq, Qs, np * 16, kk, lane);
-          b_cols<LD>(bo, dOs, np * 16, kk, lane);
-          mma16816<T>(dk[2 * np], as, bq[0], bq[1]);
-          mma16816<T>(dk[2 * np + 1], as, bq[2], bq[3]);
-          mma16816<T>(dv[2 * np], ap, bo[0], bo[1]);
-          mma16816<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
-        }
-      }
+      dkdv_products<T, HD, kTcRows, kTcLdP>(dk, dv, dSs, Ps, Qs, dOs, r0, lane);
       tc_store_rows<T, HD>(dqkv, dk, b, h, N, C, 1, r0, g, t, scale);
       tc_store_rows<T, HD>(dqkv, dv, b, h, N, C, 2, r0, g, t, 1.0f);
       add_sums(1, dk);
