@@ -345,6 +345,47 @@ static void test_imagefolder_model(TestRng *r) {
   free(exported);
   free(json);
 
+  // The export again with one class name more than the model has classes: a warning naming the
+  // file, then class indices only.
+  char extra_path[600];
+  snprintf(extra_path, sizeof extra_path, "%s/extra_names.safetensors", tmp);
+  SafeTensors st;
+  if (safetensors_read(&st, export_path, &err) != 0) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(2);
+  }
+  SafeTensorWriter w;
+  safetensors_writer_init(&w);
+  for (int i = 0; i < st.count; i++) {
+    const SafeTensorEntry *e = &st.entries[i];
+    safetensors_writer_add(&w, e->name, e->dtype, e->ndim, e->shape,
+                           safetensors_entry_data(&st, e));
+  }
+  char names[512];
+  for (int i = 0; i < st.meta_count; i++) {
+    const char *key = st.meta[i].key, *value = st.meta[i].value;
+    if (strcmp(key, "swin.checksum") == 0) continue;  // the writer adds its own
+    if (strcmp(key, "swin.class_names") == 0) {
+      snprintf(names, sizeof names, "%s\nwolf", value);
+      value = names;
+    }
+    safetensors_writer_meta(&w, key, value);
+  }
+  if (safetensors_writer_save(&w, extra_path, &err) != 0) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(2);
+  }
+  safetensors_writer_free(&w);
+  safetensors_free(&st);
+  rc = run(&out, "./swin_predict '%s' '%s' --json device=cpu", extra_path, one);
+  test_check(rc == 0 && strstr(out, extra_path) && strstr(out, "names 4 classes") &&
+                 strstr(out, "\"name\": null") && !strstr(out, "\"name\": \"cat\""),
+             "a class list longer than the classes: a warning naming the file, indices only "
+             "(exit %d)",
+             rc);
+  if (rc != 0) printf("     | %.500s\n", out);
+  free(out);
+
   // The human form: one line per image, "PATH:  1. NAME P  2. ...".
   rc = run(&out, "./swin_predict '%s' '%s' '%s/%s' --top 2 device=cpu", ckpt, one, val, CLASSES[1]);
   int lines = 0;
