@@ -59,8 +59,10 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // What the forward saves for the backward, in floats: with bf16/f16 and head_dim 16/32/64,
 // N <= 64, the tensor-core kernels keep each query row's log-sum-exp (base 2: of the scores
 // times log2(e)) (BW, heads, N) and recompute the probabilities in the backward; the flash
-// kernels (N > 64) the same plus room for the backward's delta = rowsum(dO * out) (2 BW heads N);
-// otherwise the SIMT kernels keep them all (BW, heads, N, N).
+// kernels (N > 64) the same plus room for the backward's delta = rowsum(dO * out) (2 BW heads N),
+// and with bf16/f16 the dense bias table[index] (heads, N, N) and its transpose that the forward
+// writes; otherwise
+// the SIMT kernels keep them all (BW, heads, N, N).
 int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads);
 
 // out (BW, N, C), att (window_attention_saved_floats), qkv (BW, N, 3C), table (rows, heads),

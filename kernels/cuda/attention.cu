@@ -40,6 +40,7 @@ bool use_flash(int N) {
 
 int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads) {
   int hd = heads > 0 ? C / heads : 0;
+  if (use_flash(N) && flash_tensor_cores(dt, hd)) return flash_tc_saved_floats(BW, N, heads);
   if (use_flash(N)) return 2 * (int64_t)BW * heads * N;             // log-sum-exp, then delta
   if (use_tensor_cores(dt, N, hd)) return (int64_t)BW * heads * N;  // log-sum-exp per row
   return (int64_t)BW * heads * N * N;                               // the probabilities
@@ -57,8 +58,8 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   if (BW == 0) return;
   int hd = C / heads;
   if (use_flash(N) && flash_tensor_cores(dt, hd))
-    window_attention_forward_flash_tc(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads,
-                                      stream);
+    window_attention_forward_flash_tc(dt, out, att, att + 2 * (int64_t)BW * heads * N, qkv, table,
+                                      index, mask, BW, nW, N, C, heads, stream);
   else if (use_flash(N))
     window_attention_forward_flash_simt(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads,
                                         stream);
@@ -105,15 +106,16 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
   if (BW == 0) return;
   int hd = C / heads;
   if (use_flash(N)) {
-    // att: the forward's log-sum-exp, then room for delta; the groups' dS sums in scratch.
+    // att: the forward's log-sum-exp, then room for delta (then, for the tensor cores, the
+    // forward's dense bias); the groups' dS sums in scratch.
     float *delta = att + (int64_t)BW * heads * N;
-    int groups =
-        flash_tensor_cores(dt, hd)
-            ? window_attention_backward_flash_tc(dt, dqkv, dout, qkv, out, att, delta, table, index,
-                                                 mask, BW, nW, N, C, heads, scratch, stream)
-            : window_attention_backward_flash_simt(dt, dqkv, dout, qkv, out, att, delta, table,
-                                                   index, mask, BW, nW, N, C, heads, scratch,
-                                                   stream);
+    int groups = flash_tensor_cores(dt, hd)
+                     ? window_attention_backward_flash_tc(dt, dqkv, dout, qkv, out, att, delta,
+                                                          delta + (int64_t)BW * heads * N, mask, BW,
+                                                          nW, N, C, heads, scratch, stream)
+                     : window_attention_backward_flash_simt(dt, dqkv, dout, qkv, out, att, delta,
+                                                            table, index, mask, BW, nW, N, C, heads,
+                                                            scratch, stream);
     window_attention_dtable_backward(dtable, scratch, groups, index, N, heads, stream);
     if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
     return;

@@ -38,8 +38,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // dk += dS^T q and dv += P^T dO for the 16 keys r0.. of this warp, over the ROWS query rows of
 // the (ROWS, LDP) dS and P tiles and the (ROWS, HD + 8) q and dO tiles in shared memory: the
-// dk/dv products of the tensor-core backward (attention_tc.cu) and the flash one
-// (attention_flash_tc.cu).
+// dk/dv products of the tensor-core backward (attention_tc.cu).
 template <typename T, int HD, int ROWS, int LDP>
 __device__ __forceinline__ void dkdv_products(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
                                               const T *dSs, const T *Ps, const T *Qs, const T *dOs,
@@ -93,13 +92,15 @@ int window_attention_backward_tc(DType dt, void *dqkv, float *dqkv_bias, const v
                                  int heads, float *scratch, cudaStream_t stream);
 
 // ---- flash kernels (attention_flash_tc.cu, attention_flash_simt.cu): windows of more than 64
-// tokens, keys in tiles of kFlashKeys, no N x N matrix in global memory -------------------------
+// tokens, keys in tiles, no N x N matrix in global memory ----------------------------------------
 // The forward keeps each query row's base-2 log-sum-exp (of the scores times log2(e)) in lse
 // (BW, heads, N), as the tensor-core kernels above. The backward runs a dq kernel per (window,
 // head, query tile), which also stores delta = rowsum(dO * O) (BW, heads, N) for the second, a
 // dk/dv kernel per (window group, head, key tile) that serves a fixed, strided set of windows
 // and sums their dS in shared memory; it leaves the groups' sums (groups, heads, N, N) at
 // ds_partial and returns groups for window_attention_dtable_backward. dqkv is written whole.
+// The tensor-core forward also writes the dense bias (heads, N, N), table[index] times log2(e),
+// and its transpose, which its backward reads (flash_tc_saved_floats: lse, delta, then those).
 // Upper bound of the bias-table rows of an N-token window: the largest (2wh-1)(2ww-1) over
 // wh * ww = N; relative_position_index of any such window stays below it.
 inline int table_rows_bound(int N) {
@@ -111,24 +112,30 @@ inline int table_rows_bound(int N) {
     }
   return rows;
 }
-constexpr int kFlashKeys = 64;  // keys per tile; the dk/dv kernels' blocks each own one tile
+constexpr int kFlashKeys = 64;  // keys per tile of the SIMT flash kernels; the largest TC tile
 __host__ __device__ inline int flash_key_tiles(int N) {
   return (N + kFlashKeys - 1) / kFlashKeys;
 }
 // The window groups of a dk/dv launch of about `blocks` (<= WINDOW_ATTENTION_CUDA_MAX_BLOCKS)
-// blocks: a function of the shapes and the block count only, so the summation order of dtable
-// is too. groups * heads <= max(WINDOW_ATTENTION_CUDA_MAX_BLOCKS / key tiles, heads), the bound
-// window_attention_flash_scratch_bound uses.
-inline int flash_groups(int blocks, int BW, int N, int heads) {
-  int groups = blocks / (heads * flash_key_tiles(N));
+// blocks over key_tiles tiles: a function of the shapes and the block count only, so the
+// summation order of dtable is too. groups * heads <= max(WINDOW_ATTENTION_CUDA_MAX_BLOCKS /
+// key_tiles, heads); key_tiles >= flash_key_tiles(N) (tiles of at most kFlashKeys), the bound
+// window_attention_backward_cuda_scratch_bound uses.
+inline int flash_groups(int blocks, int BW, int key_tiles, int heads) {
+  int groups = blocks / (heads * key_tiles);
   if (groups < 1) groups = 1;
   return groups < BW ? groups : BW;
 }
 // Whether the flash tensor-core kernels serve these shapes (else the flash SIMT ones do).
 bool flash_tensor_cores(DType dt, int hd);
-void window_attention_forward_flash_tc(DType dt, void *out, float *lse, const void *qkv,
-                                       const float *table, const int *index, const float *mask,
-                                       int BW, int nW, int N, int C, int heads,
+// Their tile: 48 tokens where that pads an N-token window less than 64 does (84, 144), else 64.
+int flash_tc_tile(int N);
+inline int64_t flash_tc_saved_floats(int BW, int N, int heads) {
+  return 2 * (int64_t)BW * heads * N + 2 * (int64_t)heads * N * N;
+}
+void window_attention_forward_flash_tc(DType dt, void *out, float *lse, float *bias,
+                                       const void *qkv, const float *table, const int *index,
+                                       const float *mask, int BW, int nW, int N, int C, int heads,
                                        cudaStream_t stream);
 void window_attention_forward_flash_simt(DType dt, void *out, float *lse, const void *qkv,
                                          const float *table, const int *index, const float *mask,
@@ -139,9 +146,8 @@ int window_attention_backward_flash_tc_groups(int BW, int N, int C, int heads);
 int window_attention_backward_flash_simt_groups(int BW, int N, int C, int heads);
 int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, const void *qkv,
                                        const void *out, const float *lse, float *delta,
-                                       const float *table, const int *index, const float *mask,
-                                       int BW, int nW, int N, int C, int heads, float *ds_partial,
-                                       cudaStream_t stream);
+                                       const float *bias, const float *mask, int BW, int nW, int N,
+                                       int C, int heads, float *ds_partial, cudaStream_t stream);
 int window_attention_backward_flash_simt(DType dt, void *dqkv, const void *dout, const void *qkv,
                                          const void *out, const float *lse, float *delta,
                                          const float *table, const int *index, const float *mask,

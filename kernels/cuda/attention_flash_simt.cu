@@ -420,7 +420,7 @@ int dkdv_groups(int BW, int N, int hd, int heads) {
   if (per_sm < 1) per_sm = 1;
   int blocks = device_sm_count() * per_sm;
   if (blocks > WINDOW_ATTENTION_CUDA_MAX_BLOCKS) blocks = WINDOW_ATTENTION_CUDA_MAX_BLOCKS;
-  return flash_groups(blocks, BW, N, heads);
+  return flash_groups(blocks, BW, flash_key_tiles(N), heads);
 }
 
 template <typename T, int HDP>

@@ -311,6 +311,11 @@ __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *global,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(valid ? 16 : 0));
 }
+// The 4-byte cp.async (through L1), zero-filling when !valid, as cp_async16_zfill.
+__device__ __forceinline__ void cp_async4_zfill(void *smem, const void *global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
