@@ -4,6 +4,29 @@
 #include <stdlib.h>
 
 #include "src/base/nvtx.h"
+#include "src/model/backend_check.h"
+
+// The optimizer's backend memory, for the backend's checking layer (src/model/backend_check.h):
+// the moments as buffers (only ever passed whole), the chunk table and the structs as bytes.
+static void register_regions(const Optimizer *o, const Model *m, size_t chunk_bytes) {
+  Backend *be = m->be;
+  const int64_t floats = m->num_floats;
+  Tensor t = tensor_view(o->exp_avg, DTYPE_F32, be->device, "optimizer.exp_avg", 1, &floats);
+  backend_check_register_buffer(be, &t);
+  t = tensor_view(o->exp_avg_sq, DTYPE_F32, be->device, "optimizer.exp_avg_sq", 1, &floats);
+  backend_check_register_buffer(be, &t);
+  const struct {
+    void *data;
+    int64_t bytes;
+    const char *name;
+  } structs[] = {{o->chunks, (int64_t)chunk_bytes, "optimizer.chunks"},
+                 {o->state, sizeof(OptimState), "optimizer.state"},
+                 {o->step_params, sizeof(StepParams), "optimizer.step_params"}};
+  for (int i = 0; i < 3; i++) {
+    t = tensor_view(structs[i].data, DTYPE_U8, be->device, structs[i].name, 1, &structs[i].bytes);
+    backend_check_register(be, &t);
+  }
+}
 
 void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
   Backend *be = m->be;
@@ -22,16 +45,18 @@ void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
   free(chunks);
   o->state = be->ops->alloc(be, sizeof(OptimState));
   o->step_params = be->ops->alloc(be, sizeof(StepParams));
+  register_regions(o, m, chunk_bytes);
 }
 
 void optimizer_destroy(Optimizer *o, Backend *be) {
   if (o->host_exp_avg != o->exp_avg) free(o->host_exp_avg);
   if (o->host_exp_avg_sq != o->exp_avg_sq) free(o->host_exp_avg_sq);
-  be->ops->release(be, o->exp_avg);
-  be->ops->release(be, o->exp_avg_sq);
-  be->ops->release(be, o->chunks);
-  be->ops->release(be, o->state);
-  be->ops->release(be, o->step_params);
+  // The checking layer forgets each region before its memory can be handed out again.
+  void *memory[] = {o->exp_avg, o->exp_avg_sq, o->chunks, o->state, o->step_params};
+  for (int i = 0; i < 5; i++) {
+    backend_check_unregister(be, memory[i]);
+    be->ops->release(be, memory[i]);
+  }
   *o = (Optimizer){0};
 }
 

@@ -26,7 +26,8 @@ typedef struct {
 
 // Allocates the optimizer memory for model m (on m->be) with the config's weight decay; zero
 // moments and a zero state (the caller uploads an OptimState into o->state to set it: the
-// trainer's upload_optim_state, the benchmark's setup).
+// trainer's upload_optim_state, the benchmark's setup). The memory is registered with the
+// backend's op checks (src/model/backend_check.h) until optimizer_destroy.
 void optimizer_create(Optimizer *o, const Model *m, const Config *cfg);
 void optimizer_destroy(Optimizer *o, Backend *be);
 // Backend memory the optimizer holds, in bytes.

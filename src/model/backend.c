@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/model/backend_check.h"
+
 bool backend_cuda_usable(void) {
 #ifdef SWIN_HAVE_CUDA
   return backend_cuda_device_usable(NULL, 0, NULL);
@@ -25,8 +27,8 @@ static int precision_dtype(const char *precision, DType *dt, Error *err) {
   return 0;
 }
 
-int backend_create(Backend *be, const char *device, const char *precision, Error *err) {
-  memset(be, 0, sizeof *be);
+// The chosen backend with its own table (backend_create puts the checking layer in front).
+static int backend_init(Backend *be, const char *device, const char *precision, Error *err) {
   DType act = DTYPE_F32;
   if (precision_dtype(precision, &act, err) != 0) return -1;
   bool want_cuda = strcmp(device, "cuda") == 0;
@@ -54,8 +56,16 @@ int backend_create(Backend *be, const char *device, const char *precision, Error
 #endif
 }
 
+int backend_create(Backend *be, const char *device, const char *precision, Error *err) {
+  memset(be, 0, sizeof *be);
+  if (backend_init(be, device, precision, err) != 0) return -1;
+  backend_check_install(be);
+  return 0;
+}
+
 void backend_destroy(Backend *be) {
   if (!be->ops) return;
+  backend_check_remove(be);
 #ifdef SWIN_HAVE_CUDA
   if (be->device == DEVICE_CUDA) backend_cuda_destroy(be);
 #endif

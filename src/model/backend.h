@@ -13,6 +13,15 @@
 // type be->act (f32, bf16 or f16; the CPU supports f32 only); the rest are f32 unless said.
 // Ops are queued in order on the backend's compute queue (a CUDA stream) and never wait for the
 // host; only download and synchronize wait.
+//
+// Checked at the boundary: backend_create puts a checking layer (src/model/backend_check.h) in
+// front of the backend's own table, always on. Every model op (to_compute ... optimizer_step)
+// first computes from its own shape arguments the extent of each pointer it touches (elements of
+// the dtype given below) and, for a pointer inside memory its owner registered (the model's
+// activations, parameters, gradients and geometry tables; the optimizer's moments and state),
+// checks that the whole extent lies inside that one tensor and that the tensor has the expected
+// dtype; a violation aborts naming the op, the argument and the tensor. Memory nobody registered
+// (the batch staging, a test's buffers) passes unchecked.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,6 +38,7 @@ extern "C" {
 #endif
 
 typedef struct Backend Backend;
+typedef struct BackendCheck BackendCheck;
 
 typedef enum { ACTIVATION_NONE, ACTIVATION_GELU } Activation;
 
@@ -270,16 +280,21 @@ typedef struct {
 } BackendOps;
 
 struct Backend {
+  // The table callers use. From backend_create it is the checking layer's, whose model ops check
+  // their pointers and call the backend's own op (backend_check_inner); the other entries are
+  // the backend's own.
   const BackendOps *ops;
   Device device;
   DType act;            // compute type of activations and of the weights the GEMMs read
   size_t bytes_in_use;  // backend memory handed out by ops->alloc
   int64_t host_waits;   // times the host waited for the backend (download, synchronize)
   void *impl;           // the backend's private state
+  BackendCheck *check;  // the checking layer's regions, counts and the backend's own table
 };
 
 // device: "cpu", "cuda" or "auto" (cuda when a GPU is usable, else cpu); precision: "fp32",
-// "bf16" or "fp16". Errors say why a device cannot be used and what to set instead.
+// "bf16" or "fp16". Errors say why a device cannot be used and what to set instead. The table
+// be->ops is the checking layer's over the backend's own (src/model/backend_check.h).
 int backend_create(Backend *be, const char *device, const char *precision, Error *err);
 void backend_destroy(Backend *be);
 // True when this build has the CUDA backend and a CUDA device is usable.

@@ -12,6 +12,7 @@
 #include "kernels/window.h"
 #include "src/base/nvtx.h"
 #include "src/base/rng.h"
+#include "src/model/backend_check.h"
 
 // ---------------------------------------------------------------------------------------------
 // Geometry
@@ -318,6 +319,51 @@ static int check_backend_limits(const Model *m, const BackendOps *ops, Error *er
   return 0;
 }
 
+// Registers a flat buffer of num_floats values of dtype with the backend's checking layer
+// (src/model/backend_check.h), and each parameter's view in it as a tensor named as the parameter
+// with suffix: an op given one parameter is checked against that parameter alone, so an extent
+// that runs into the next tensor is caught and the message names the tensor.
+static void register_flat(const Model *m, void *base, DType dtype, const char *name,
+                          const char *suffix) {
+  Tensor flat = tensor_view(base, dtype, m->be->device, name, 1, SHAPE(m->num_floats));
+  backend_check_register_buffer(m->be, &flat);
+  for (int i = 0; i < m->num_params; i++) {
+    const Param *p = &m->params[i];
+    Tensor t = p->t;
+    t.data = (char *)base + p->offset * (int64_t)dtype_size(dtype);
+    t.dtype = dtype;
+    t.device = m->be->device;
+    snprintf(t.name, sizeof t.name, "%.*s%s", (int)(sizeof t.name - 8), p->t.name, suffix);
+    backend_check_register(m->be, &t);
+  }
+}
+
+// Every region of backend memory the model passes to ops, for the checking layer: the
+// activation table, the master weights, their compute copy and the gradients (per parameter),
+// and the geometry tables. model_destroy unregisters them.
+static void register_regions(const Model *m) {
+  Backend *be = m->be;
+  for (int i = 0; i < m->num_acts; i++) backend_check_register(be, &m->act_table[i]);
+  register_flat(m, m->master, DTYPE_F32, "weights", "");
+  if (m->compute != (void *)m->master) register_flat(m, m->compute, be->act, "weights.compute", "");
+  register_flat(m, m->grads, DTYPE_F32, "grads", ".grad");
+  char name[TENSOR_NAME_MAX];
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    snprintf(name, sizeof name, "layers.%d.attn.relative_position_index", s);
+    Tensor t = tensor_view(g->index_be, DTYPE_I32, be->device, name, 2, SHAPE(g->N, g->N));
+    backend_check_register(be, &t);
+    if (g->mask_be) {
+      snprintf(name, sizeof name, "layers.%d.attn.mask", s);
+      t = tensor_view(g->mask_be, DTYPE_F32, be->device, name, 3, SHAPE(g->nW, g->N, g->N));
+      backend_check_register(be, &t);
+    }
+  }
+  Tensor t = tensor_view(m->block_drop_be, DTYPE_F32, be->device, "drop_path.rates", 1,
+                         SHAPE(m->num_blocks));
+  backend_check_register(be, &t);
+}
+
 int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err) {
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
@@ -367,9 +413,17 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
   arena_init_at(&m->acts_arena, "activations", be->device, ops->alloc(be, counting.used),
                 counting.used);
   plan_activations(m, &m->acts_arena, max_batch);
+  register_regions(m);
   BackendNeeds needs = backend_needs(m, max_batch);
   ops->reserve(be, &needs);
   return 0;
+}
+
+// Releases backend memory of the model once the checking layer has forgotten its regions (the
+// memory may be handed out again for something else).
+static void release_backend(Backend *be, void *ptr) {
+  backend_check_unregister(be, ptr);
+  be->ops->release(be, ptr);
 }
 
 void model_destroy(Model *m) {
@@ -378,15 +432,19 @@ void model_destroy(Model *m) {
     free(m->stages[s].rel_index);
     free(m->stages[s].mask);
     if (be) {
-      be->ops->release(be, m->stages[s].index_be);
-      be->ops->release(be, m->stages[s].mask_be);
+      release_backend(be, m->stages[s].index_be);
+      release_backend(be, m->stages[s].mask_be);
     }
   }
   if (be) {
-    if (m->compute != (void *)m->master) be->ops->release(be, m->compute);
-    if (m->master != m->weights) be->ops->release(be, m->master);
-    be->ops->release(be, m->grads);
-    be->ops->release(be, m->block_drop_be);
+    if (m->compute != (void *)m->master) release_backend(be, m->compute);
+    if (m->master != m->weights)
+      release_backend(be, m->master);
+    else
+      backend_check_unregister(be, m->master);  // host memory, freed with m->weights
+    release_backend(be, m->grads);
+    release_backend(be, m->block_drop_be);
+    for (int i = 0; i < m->num_acts; i++) backend_check_unregister(be, m->act_table[i].data);
     be->ops->release(be, m->acts_arena.base);
   }
   free(m->block_drop);

@@ -161,7 +161,10 @@ typedef struct {
 
 // Builds geometry and the parameter table. With a backend, also allocates in its memory the
 // master weights, their compute copy, the gradients and the activations for up to max_batch
-// images (max_batch >= 1). be NULL: host weights only (dry run, export, import checks).
+// images (max_batch >= 1), and registers every one of those tensors (per parameter, per
+// activation row) and the geometry tables with the backend's op checks
+// (src/model/backend_check.h); model_destroy unregisters them. be NULL: host weights only (dry
+// run, export, import checks).
 // cfg must have passed config_validate.
 int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error *err);
 void model_destroy(Model *m);

@@ -1,0 +1,334 @@
+// test_backend_check.c: the checking layer at the backend's op boundary
+// (src/model/backend_check.h), on the CPU backend.
+//   1. Violations abort with a message that names the op, the argument and the tensor: an extent
+//      past the end of an activation, a parameter gradient smaller than the op's shape, a dtype
+//      mismatch, a pointer into the alignment gap of the flat weights, two registrations that
+//      overlap. Each runs in a child process; the same call with the right arguments runs to its
+//      end there (the negative control: the check is what aborts).
+//   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias) trains two steps the way
+//      the trainer queues them (normalize, mixup, forward, loss, backward, optimizer) and
+//      evaluates: every pointer of an op that takes only model and optimizer memory lies in a
+//      registered region (the registration is complete), the batch's pointers are exactly the
+//      unchecked ones, and the checked table computes the same bits as the backend's own.
+//   3. What the model and the optimizer register, they unregister when destroyed.
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "src/app/learner.h"
+#include "src/model/backend_check.h"
+#include "src/model/model.h"
+#include "tests/util/test_model_config.h"
+#include "tests/util/test_util.h"
+
+enum { BATCH = 4 };
+
+static Config tiny_config(void) {
+  // Patch 2: maps 8x16 (4x4 windows, shift 2,2) and 4x8 (4x4 windows, shift 0,2).
+  Config c = test_model_config((TestModel){.img_h = 16,
+                                           .img_w = 32,
+                                           .chans = 3,
+                                           .patch = 2,
+                                           .embed = 8,
+                                           .window = 4,
+                                           .classes = 5,
+                                           .depths = {2, 2},
+                                           .heads = {2, 4}});
+  c.mlp_ratio = 2.0f;
+  c.qkv_bias = true;
+  c.drop_path_rate = 0.3f;
+  return c;
+}
+
+// A model with its optimizer and a batch in backend memory that nobody registers (as the
+// trainer's staging is not): uint8 pixels, the normalized images, labels, eval sums.
+typedef struct {
+  Model m;
+  Optimizer o;
+  uint8_t *pixels;
+  float *images;
+  int *labels;
+  EvalSums *sums;
+} Run;
+
+static int64_t batch_values(const Config *c) {
+  return (int64_t)BATCH * c->img_h * c->img_w * c->in_chans;
+}
+
+static int run_create(Run *r, Backend *be, const Config *c, Error *err) {
+  if (model_create(&r->m, c, be, BATCH, err) != 0) return -1;
+  model_init_weights(&r->m, 5);
+  model_weights_to_backend(&r->m);
+  optimizer_create(&r->o, &r->m, c);
+  OptimState state = {.loss_scale = 1.0f};
+  be->ops->upload(be, r->o.state, &state, sizeof state);
+  int64_t n = batch_values(c);
+  r->pixels = be->ops->alloc(be, (size_t)n);
+  r->images = be->ops->alloc(be, sizeof(float) * (size_t)n);
+  r->labels = be->ops->alloc(be, sizeof(int) * BATCH);
+  r->sums = be->ops->alloc(be, sizeof(EvalSums));
+  uint8_t *pixels = malloc((size_t)n);
+  TestRng rng = {11};
+  for (int64_t i = 0; i < n; i++) pixels[i] = (uint8_t)(test_rng_u64(&rng) >> 56);
+  int labels[BATCH] = {0, 3, 1, 4};
+  be->ops->upload(be, r->pixels, pixels, (size_t)n);
+  be->ops->upload(be, r->labels, labels, sizeof labels);
+  free(pixels);
+  return 0;
+}
+
+static void run_destroy(Run *r, Backend *be) {
+  be->ops->release(be, r->pixels);
+  be->ops->release(be, r->images);
+  be->ops->release(be, r->labels);
+  be->ops->release(be, r->sums);
+  optimizer_destroy(&r->o, be);
+  model_destroy(&r->m);
+}
+
+// Two training steps as the trainer queues them, an evaluation, and the compute-copy refresh
+// (whole-buffer arguments; a copy onto itself in f32).
+static void run_steps(Run *r, Backend *be, const Config *c) {
+  Normalize norm = model_input_normalize(c);
+  BatchAugment mixup = {.mix = {.mode = MIX_MIXUP, .lam = 0.7}};
+  for (int step = 0; step < 2; step++) {
+    be->ops->images_normalize(be, r->images, r->pixels, norm, BATCH, c->img_h, c->img_w,
+                              c->in_chans);
+    be->ops->batch_augment(be, r->images, &mixup, NULL, BATCH, c->img_h, c->img_w, c->in_chans);
+    learner_set_step(&r->m, &r->o, step, 1e-3f);
+    StepBatch batch = {.images = r->images, .images_dtype = DTYPE_F32, .labels = r->labels};
+    learner_step(&r->m, &r->o, c, norm, &batch, BATCH, 0);
+  }
+  model_forward(&r->m, r->pixels, DTYPE_U8, norm, BATCH, false, c->seed, NULL, 0);
+  be->ops->eval_metrics(be, r->sums, r->m.acts.logits, r->labels, BATCH, c->num_classes);
+  be->ops->to_compute(be, r->m.compute, r->m.master, r->m.num_floats);
+}
+
+// ---- violations, each in a child ---------------------------------------------------------------
+
+// Stage 0, block 1's attention (a shifted block), as block_forward calls it, with qkv and mask
+// as given.
+static void attention_call(Model *m, const void *qkv, const float *mask) {
+  const StageGeom *g = &m->stages[0];
+  BlockActs *a = &m->acts.blocks[1];
+  m->be->ops->attention_forward(m->be, a->attn_out, a->att, qkv, m->w.blocks[1].rel_table,
+                                g->index_be, mask, BATCH * g->nW, g->nW, g->N, g->C, g->heads);
+}
+
+static void attention_right(Model *m) {
+  attention_call(m, m->acts.blocks[1].qkv, m->stages[0].mask_be);
+}
+
+// qkv of stage 1 (half the tokens, twice the width: half the elements) for stage 0's shapes.
+static void attention_short_qkv(Model *m) {
+  attention_call(m, m->acts.blocks[m->stages[1].first_block].qkv, m->stages[0].mask_be);
+}
+
+// The relative-position index (i32) where the f32 mask belongs.
+static void attention_index_as_mask(Model *m) {
+  attention_call(m, m->acts.blocks[1].qkv, (const float *)m->stages[0].index_be);
+}
+
+// The qkv layer's weight gradient (3C, C) is asked for, but proj's (C, C) is passed.
+static void linear_backward_small_dweight(Model *m) {
+  const StageGeom *g = &m->stages[0];
+  int64_t rows = (int64_t)BATCH * g->H * g->W;
+  m->be->ops->linear_backward(m->be, NULL, m->g.blocks[0].proj_w, NULL, m->acts.dqkv, m->acts.xw,
+                              model_compute_weight(m, m->w.blocks[0].qkv_w), rows, g->C, 3 * g->C);
+}
+
+// The patch embedding with a bias pointer just past patch_embed.proj.bias: inside the flat
+// weights, in the alignment gap before the next tensor.
+static void linear_forward_bias_in_gap(Model *m) {
+  const Config *c = &m->cfg;
+  int64_t rows = (int64_t)BATCH * m->Hp * m->Wp;
+  m->be->ops->linear_forward(m->be, m->acts.pe, m->acts.patches,
+                             model_compute_weight(m, m->w.patch_w), m->w.patch_b + c->embed_dim,
+                             rows, m->patch_dim, c->embed_dim, ACTIVATION_NONE, NULL);
+}
+
+// A tensor registered over the second half of the patches and beyond.
+static void register_overlap(Model *m) {
+  Tensor t = m->act_table[0];
+  snprintf(t.name, sizeof t.name, "test.overlap");
+  t.data = (char *)t.data + tensor_bytes(&t) / 2;
+  backend_check_register(m->be, &t);
+}
+
+// Runs fn(m) in a child, its stderr into msg. Returns how it ended: 0 a clean exit, SIGABRT when
+// it aborted, or another signal / 1000 + exit code.
+static int run_child(void (*fn)(Model *), Model *m, char *msg, size_t size) {
+  int fd[2];
+  msg[0] = 0;
+  if (pipe(fd) != 0) return -1;
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    dup2(fd[1], 2);
+    alarm(60);  // a hang fails the case instead of the suite
+    fn(m);
+    _exit(0);
+  }
+  close(fd[1]);
+  size_t got = 0;
+  ssize_t k;
+  while (got + 1 < size && (k = read(fd[0], msg + got, size - 1 - got)) > 0) got += (size_t)k;
+  msg[got] = 0;
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  return WEXITSTATUS(status) == 0 ? 0 : 1000 + WEXITSTATUS(status);
+}
+
+// The call aborts, and its message holds each of the strings in want (NULL-terminated).
+static void expect_abort(const char *what, void (*fn)(Model *), Model *m, const char *const *want) {
+  char msg[4096];
+  int how = run_child(fn, m, msg, sizeof msg);
+  const char *missing = NULL;
+  for (int i = 0; want[i] && !missing; i++)
+    if (!strstr(msg, want[i])) missing = want[i];
+  char *nl = strchr(msg, '\n');
+  if (nl) *nl = 0;  // the first line names everything; the second is the HINT
+  test_check(how == SIGABRT && !missing, "%s: %s, %s: %s", what,
+             how == SIGABRT ? "aborts" : "does NOT abort",
+             missing ? "the message lacks" : "the message has every expected part",
+             missing ? missing : msg);
+}
+
+static void test_violations(Model *m) {
+  char msg[4096];
+  int how = run_child(attention_right, m, msg, sizeof msg);
+  test_check(how == 0 && msg[0] == 0,
+             "negative control: the right attention_forward runs to its end (%d, stderr '%s')", how,
+             msg);
+  expect_abort("qkv shorter than the op's shape", attention_short_qkv, m,
+               (const char *const[]){"attention_forward: qkv needs 12288 F32 elements",
+                                     "layers.1.blocks.0.qkv (8, 16, 48) F32", "6144 too few",
+                                     "HINT:", NULL});
+  expect_abort("an i32 tensor for an f32 argument", attention_index_as_mask, m,
+               (const char *const[]){"attention_forward: mask needs 2048 F32 elements",
+                                     "layers.0.attn.relative_position_index (16, 16) I32",
+                                     "which is I32, not F32", NULL});
+  expect_abort("a gradient smaller than the shape", linear_backward_small_dweight, m,
+               (const char *const[]){"linear_backward: dweight needs 192 F32 elements",
+                                     "layers.0.blocks.0.attn.proj.weight.grad (8, 8) F32",
+                                     "(in grads (", "128 too few", NULL});
+  expect_abort("a pointer between tensors", linear_forward_bias_in_gap, m,
+               (const char *const[]){"linear_forward: bias needs 8 F32 elements", "of weights (",
+                                     "outside every tensor of that buffer", NULL});
+  expect_abort("overlapping registrations", register_overlap, m,
+               (const char *const[]){"tensor test.overlap (", "overlaps patches (", NULL});
+}
+
+// ---- a training step, checked ----------------------------------------------------------------
+
+// The unregistered pointers an op gets per call from the batch, and whether they are all it
+// gets (then nothing of it is checked).
+typedef struct {
+  int per_call;
+  bool only;
+} BatchPointers;
+
+static BatchPointers batch_pointers(const char *op) {
+  static const struct {
+    const char *op;
+    BatchPointers p;
+  } batch[] = {{"images_normalize", {2, true}},  // images, pixels
+               {"batch_augment", {1, true}},     // images
+               {"patch_embed_input", {1, false}},
+               {"train_loss", {1, false}},     // labels
+               {"eval_metrics", {2, false}}};  // sums, labels
+  for (size_t i = 0; i < sizeof batch / sizeof batch[0]; i++)
+    if (strcmp(batch[i].op, op) == 0) return batch[i].p;
+  return (BatchPointers){0, false};
+}
+
+static void test_training_checked(Backend *be, const Config *c) {
+  Error err;
+  Run a, b;
+  if (run_create(&a, be, c, &err) != 0 || run_create(&b, be, c, &err) != 0) {
+    test_check(0, "setup: %s", err.msg);
+    return;
+  }
+  backend_check_reset_counts(be);
+  run_steps(&a, be, c);
+  int complete = 0;
+  for (int i = 0; i < backend_check_op_count(); i++) {
+    const char *op = backend_check_op_name(i);
+    BackendCheckCounts n;
+    backend_check_counts(be, op, &n);
+    BatchPointers batch = batch_pointers(op);
+    int64_t want_unchecked = batch.per_call * n.calls;
+    bool ok = n.calls > 0 && (n.checked > 0) != batch.only && n.unchecked == want_unchecked;
+    complete += ok;
+    test_check(ok, "%-28s %3lld calls, %4lld pointers checked, %3lld unchecked (want %lld%s)", op,
+               (long long)n.calls, (long long)n.checked, (long long)n.unchecked,
+               (long long)want_unchecked,
+               batch.only       ? ": the batch's, all it takes"
+               : want_unchecked ? ": the batch's"
+                                : "");
+  }
+  test_check(complete == backend_check_op_count(),
+             "every checked op ran, and only the batch's pointers went unchecked (%d of %d ops)",
+             complete, backend_check_op_count());
+  BackendCheckCounts none;
+  test_check(backend_check_counts(be, "no_such_op", &none) == -1, "an unknown op name is refused");
+
+  // The same run through the backend's own table: the same bits everywhere.
+  const BackendOps *checked = be->ops;
+  be->ops = backend_check_inner(be);
+  run_steps(&b, be, c);
+  be->ops = checked;
+  size_t weights = sizeof(float) * (size_t)a.m.num_floats;
+  test_check(memcmp(a.m.weights, b.m.weights, weights) == 0 &&
+                 memcmp(a.o.exp_avg, b.o.exp_avg, weights) == 0 &&
+                 memcmp(a.o.exp_avg_sq, b.o.exp_avg_sq, weights) == 0,
+             "weights and AdamW moments after two steps: bitwise those of the unchecked table");
+  test_check(memcmp(a.o.state, b.o.state, sizeof(OptimState)) == 0 &&
+                 memcmp(a.sums, b.sums, sizeof(EvalSums)) == 0 &&
+                 memcmp(a.m.acts.logits, b.m.acts.logits,
+                        sizeof(float) * BATCH * (size_t)c->num_classes) == 0,
+             "optimizer state, eval sums and logits: bitwise the same (loss sum %.6f, %lld top-1)",
+             a.o.state->loss_sum, (long long)a.sums->top1);
+  run_destroy(&b, be);
+  run_destroy(&a, be);
+}
+
+int main(void) {
+  Config c = tiny_config();
+  Error err;
+  Backend be;
+  if (config_validate(&c, &err) != 0 || backend_create(&be, "cpu", "fp32", &err) != 0) {
+    test_check(0, "setup: %s", err.msg);
+    return test_finish();
+  }
+  test_check(backend_check_inner(&be) != be.ops, "backend_create installs the checking layer");
+  test_check(backend_check_region_count(&be) == 0, "no regions before a model");
+
+  // The violations first, before this process has started OpenMP's threads (a forked child
+  // could not use them).
+  Run r;
+  if (run_create(&r, &be, &c, &err) != 0) {
+    test_check(0, "setup: %s", err.msg);
+    return test_finish();
+  }
+  int regions = backend_check_region_count(&be);
+  test_check(regions > r.m.num_acts + 2 * r.m.num_params,
+             "the model and optimizer registered %d regions (%d activations, 2 x %d parameters, "
+             "flat buffers, geometry, optimizer)",
+             regions, r.m.num_acts, r.m.num_params);
+  test_violations(&r.m);
+  run_destroy(&r, &be);
+  test_check(backend_check_region_count(&be) == 0,
+             "model_destroy and optimizer_destroy unregister everything (%d left)",
+             backend_check_region_count(&be));
+
+  test_training_checked(&be, &c);
+  test_check(backend_check_region_count(&be) == 0, "no regions left after the training runs");
+  backend_destroy(&be);
+  return test_finish();
+}
