@@ -37,10 +37,11 @@ void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout
 // most 64 tokens: a thread block keeps one (window, head)'s q, k, v (and in the backward dO, P,
 // dS) in shared memory: the SIMT kernels one block per pair (kernels/cuda/attention_simt.cu),
 // the tensor-core kernels one wave of blocks, each serving one head of a strided set of windows
-// (kernels/cuda/attention_tc.cu). Larger windows: flash kernels, keys in tiles of 64, a block
-// per (window, head, 64-query tile) and in the backward's dk/dv kernel per (window group, head,
-// 64-key tile) (kernels/cuda/attention_flash_tc.cu for bf16/f16 with head_dim 16, 32 or 64,
-// kernels/cuda/attention_flash_simt.cu otherwise). kernels/cuda/attention.cu picks.
+// (kernels/cuda/attention_tc.cu). Larger windows: flash kernels, keys in tiles (of 48 or 64
+// tokens on tensor cores, 64 on the SIMT path), a block per (window, head, query tile) and in the
+// backward's dk/dv kernel per (window group, head, key tile) (kernels/cuda/attention_flash_tc.cu
+// for bf16/f16 with head_dim 16, 32 or 64, kernels/cuda/attention_flash_simt.cu otherwise).
+// kernels/cuda/attention.cu picks.
 //
 // Limits, checked at entry (a violation prints the shapes and aborts, like a CUDA error: the
 // model's geometry is fixed when it is built, so check it there against these):

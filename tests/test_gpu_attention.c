@@ -4,10 +4,11 @@
 // window shifted along both sides, each with several windows per image and 2 images, 64
 // windows per image with 8 and 12 heads (1 image), and 8x8 windows (N = 64) with head_dim 64;
 // windows past one 64-token tile (the flash kernels): 12x12 (N = 144) with head_dim 32, 64 and 48,
-// shifted and not, 64 windows per image, 12x7, 16x16 and 24x24 (N = 576). The backward starts from
-// each backend's own forward (its `saved`, which the backward may overwrite, is put back before
-// each run), dtable and dqkv_bias (dqkv's column sums: the qkv layer's bias gradient) accumulate
-// onto random values, and the CUDA backward runs twice and must give the same bits.
+// shifted and not, 64 windows per image, 12x7, 9x9 (N odd), 10x10, 16x16 and 24x24 (N = 576).
+// The backward starts from each backend's own forward (its `saved`, which the backward may
+// overwrite, is put back before each run), dtable and dqkv_bias (dqkv's column sums: the qkv
+// layer's bias gradient) accumulate onto random values, and the CUDA backward runs twice and
+// must give the same bits.
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -36,11 +37,14 @@ static const AttnShape shapes[] = {
      12},
     // 64 tokens: the tensor-core kernels' 8-tile key rows; head_dim 64
     {"8x8 windows (N=64), C=128, 2 heads, shifted", 2, 16, 16, 8, 8, 4, 4, 128, 2},
-    // More than 64 tokens: the flash kernels, keys and queries in tiles of 64, the last tile
-    // partly past the window (144 = 2.25 tiles, 84 = 1.3)
+    // More than 64 tokens: the flash kernels, keys and queries in tiles (tensor cores: of 48
+    // where that pads less, else 64; SIMT: 64): 144 = 3 x 48, 84 = 1.75 x 48, 81 = 1.69 x 48
+    // with N odd (no paired bias loads), 100 = 1.56 x 64
     {"12x12 windows (N=144), C=128, 4 heads, shifted", 2, 24, 24, 12, 12, 6, 6, 128, 4},
     {"12x12 windows, C=256, 4 heads (head_dim 64)", 2, 24, 24, 12, 12, 0, 0, 256, 4},
     {"12x7 windows (N=84, rectangular), C=96, 3 heads, shifted", 2, 24, 14, 12, 7, 6, 3, 96, 3},
+    {"9x9 windows (N=81, odd), C=64, 2 heads, shifted", 2, 18, 18, 9, 9, 4, 4, 64, 2},
+    {"10x10 windows (N=100), C=64, 2 heads, shifted", 2, 20, 20, 10, 10, 5, 5, 64, 2},
     // 64 windows per image: the dk/dv blocks each sum a strided set of several windows
     {"12x12 windows, shifted, 8x8 windows per image, C=128, 4 heads", 1, 96, 96, 12, 12, 6, 6, 128,
      4},
