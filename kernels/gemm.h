@@ -10,6 +10,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
@@ -48,6 +49,21 @@ typedef struct GemmContext GemmContext;
 GemmContext *gemm_context_create(cudaStream_t stream);
 void gemm_context_destroy(GemmContext *g);
 size_t gemm_context_bytes(void);  // device memory a context holds (its workspace)
+// Tuning: off (the default), each new product runs cuBLASLt's heuristic's first algorithm; on,
+// it runs the fastest of the heuristic's first 16, each timed on the product's own operands at
+// its first call outside a CUDA graph capture (kernels/PERF.md, version 15). Either way the
+// choice is then fixed for the context's life.
+void gemm_context_set_tuning(GemmContext *g, bool on);
+// Every product so far: shape, types, calls, the first and the chosen candidate's times.
+void gemm_context_report(const GemmContext *g, FILE *out);
+// The timed choices as text, so that a later context (a resumed run) runs the same algorithms:
+// write_choices writes a header (cuBLASLt version, GPU name and SM count) and one line per timed
+// product to f and returns 0 (-1 when a write failed); with f NULL it writes nothing and returns
+// how many products were timed since it last wrote. read_choices takes such text: every later
+// product with one of its keys runs its algorithm untimed (when cuBLASLt still accepts it);
+// returns the lines taken, or -1 with why filled (another GPU or cuBLASLt, a malformed line).
+int gemm_context_write_choices(GemmContext *g, FILE *f);
+int gemm_context_read_choices(GemmContext *g, const char *text, char *why, size_t why_size);
 
 // gemm_cpu's row-major contract with A, B of type ab and C of type cd (ab, or F32 to accumulate
 // low-precision products in f32); bias (N, type cd) or NULL is added to every row. beta == 0

@@ -8,6 +8,11 @@
 // Shapes as in Swin-T's first stage (qkv 96 -> 288, fc2 384 -> 96 over 1568 tokens), a small one,
 // and in fp32 an odd one (37 x 17 -> 10: no dimension a multiple of 4). Parameter gradients
 // accumulate onto random values; every backward runs twice on the GPU and must give the same bits.
+// Everything runs with GEMM tuning off and again with it on (gemm_tune: the first call of each
+// product times up to 16 algorithms on its own operands, so a dweight accumulated onto random
+// values also checks that the trials leave C as it was). Then the tuned choices written as text
+// and read into a fresh context give the same algorithms, untimed, and the same bits.
+#define _POSIX_C_SOURCE 200809L  // open_memstream
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -360,6 +365,84 @@ static void negative_control(BackendPair *p, const LinearShape *s, TestRng *rng)
   free(got);
 }
 
+// Tuning's record: a bf16 product (Swin-T's fc1 over 1568 tokens, 96 -> 384) timed in one context,
+// its choice written, read into a second context, which must run it untimed with the same bits.
+static int64_t report_count(GemmContext *g, const char *what) {
+  char *text = NULL;
+  size_t size = 0;
+  FILE *f = open_memstream(&text, &size);
+  gemm_context_report(g, f);
+  fclose(f);
+  const char *at = strstr(text, what);  // "N read back" / "N timed"
+  long long n = -1;
+  for (const char *c = at; at && c > text && c[-1] != ','; c--)
+    if (c[-1] == ' ' && sscanf(c, "%lld", &n) == 1) break;
+  free(text);
+  return n;
+}
+
+static void product_on(GemmContext *g, cudaStream_t s, const void *A, const void *W, void *C,
+                       uint16_t *out, int64_t n) {
+  linear_forward_cuda(g, DTYPE_BF16, C, A, W, NULL, 1568, 96, 384);
+  CUDA_CHECK(cudaMemcpyAsync(out, C, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void check_choices_round_trip(TestRng *rng) {
+  const char *ctx = "gemm choices written and read back (bf16 1568 x 96 -> 384)";
+  const int64_t na = 1568 * 96, nw = 384 * 96, nc = 1568 * 384;
+  uint16_t *ha = malloc(sizeof(uint16_t) * (size_t)(na + nw));
+  for (int64_t i = 0; i < na + nw; i++) ha[i] = f32_to_bf16(test_rng_uniform(rng, -1.0f, 1.0f));
+  void *A, *W, *C;
+  CUDA_CHECK(cudaMalloc(&A, sizeof(uint16_t) * (size_t)na));
+  CUDA_CHECK(cudaMalloc(&W, sizeof(uint16_t) * (size_t)nw));
+  CUDA_CHECK(cudaMalloc(&C, sizeof(uint16_t) * (size_t)nc));
+  CUDA_CHECK(cudaMemcpy(A, ha, sizeof(uint16_t) * (size_t)na, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(W, ha + na, sizeof(uint16_t) * (size_t)nw, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreate(&s));
+  uint16_t *first = malloc(sizeof(uint16_t) * (size_t)nc),
+           *again = malloc(sizeof(uint16_t) * (size_t)nc);
+  GemmContext *g1 = gemm_context_create(s);
+  gemm_context_set_tuning(g1, true);
+  product_on(g1, s, A, W, C, first, nc);
+  test_check(report_count(g1, " timed") == 1, "%s: the first context timed the product", ctx);
+  test_check(gemm_context_write_choices(g1, NULL) == 1, "%s: one product timed and not written",
+             ctx);
+  char *text = NULL;
+  size_t size = 0;
+  FILE *f = open_memstream(&text, &size);
+  test_check(gemm_context_write_choices(g1, f) == 0, "%s: written", ctx);
+  fclose(f);
+  test_check(gemm_context_write_choices(g1, NULL) == 0, "%s: nothing left to write", ctx);
+  GemmContext *g2 = gemm_context_create(s);
+  gemm_context_set_tuning(g2, true);
+  char why[256] = "";
+  int taken = gemm_context_read_choices(g2, text, why, sizeof why);
+  test_check(taken == 1, "%s: %d line(s) read (%s)", ctx, taken, why);
+  CUDA_CHECK(cudaMemset(C, 0xff, sizeof(uint16_t) * (size_t)nc));  // poison
+  product_on(g2, s, A, W, C, again, nc);
+  test_check(report_count(g2, " read back") == 1 && report_count(g2, " timed") == 0,
+             "%s: the second context ran the product untimed with the algorithm read", ctx);
+  test_check(memcmp(first, again, sizeof(uint16_t) * (size_t)nc) == 0,
+             "%s: the same bits in both contexts", ctx);
+  text[0] = 'X';  // another header: refused with a reason
+  GemmContext *g3 = gemm_context_create(s);
+  test_check(gemm_context_read_choices(g3, text, why, sizeof why) < 0 && why[0],
+             "%s: a foreign header is refused (%s)", ctx, why);
+  gemm_context_destroy(g3);
+  gemm_context_destroy(g2);
+  gemm_context_destroy(g1);
+  free(text);
+  free(first);
+  free(again);
+  free(ha);
+  cudaFree(A);
+  cudaFree(W);
+  cudaFree(C);
+  cudaStreamDestroy(s);
+}
+
 // Scratch: the CPU head needs B*C floats; the CUDA bias gradients up to 1024 rows of partials
 // (column_sums_cuda_scratch), and the head's d(pooled) (max_batch * max_width) past them.
 static BackendNeeds needs_for_shapes(void) {
@@ -386,9 +469,13 @@ int main(void) {
 #ifdef SWIN_HAVE_CUDA
   TestRng rng = {.state = 0x6e33};
   BackendNeeds needs = needs_for_shapes();
-  for (int pi = 0; pi < GPU_TEST_PRECISIONS; pi++) {
+  for (int run = 0; run < 2 * GPU_TEST_PRECISIONS; run++) {
+    const int pi = run % GPU_TEST_PRECISIONS;
+    const bool tune = run >= GPU_TEST_PRECISIONS;
     BackendPair p;
     backend_pair_create(&p, gpu_test_precisions[pi], &needs);
+    p.gpu.ops->gemm_tuning(&p.gpu, tune);
+    printf("-- %s, GEMM tuning %s\n", gpu_test_precisions[pi], tune ? "on" : "off");
     for (int si = 0; si < NUM_LINEAR; si++) {
       const LinearShape *s = &linear_shapes[si];
       if (s->f32_only && p.gpu.act != DTYPE_F32) continue;
@@ -399,9 +486,10 @@ int main(void) {
     }
     for (size_t hi = 0; hi < sizeof head_shapes / sizeof head_shapes[0]; hi++)
       check_head(&p, &head_shapes[hi], &rng);
-    if (pi == 0) negative_control(&p, &linear_shapes[2], &rng);
+    if (run == 0) negative_control(&p, &linear_shapes[2], &rng);
     backend_pair_destroy(&p);
   }
+  check_choices_round_trip(&rng);
 #endif
   return test_finish();
 }

@@ -5,7 +5,9 @@
 // weights and moments untouched; fp16 with the default scale trains. CUDA graphs
 // (train.cuda_graphs, src/app/step_graph.h): a run whose steps are replayed graphs ends bitwise
 // equal to the same run launched kernel by kernel (weights, moments, every step's loss), with and
-// without the per-batch augmentations, and resumes exactly.
+// without the per-batch augmentations, and resumes exactly. With gemm_tune = on the run writes
+// its timed GEMM choices to run_dir/gemm_choices.txt, and a run resumed from its step-3
+// checkpoint with that file ends bitwise equal to the straight tuned run.
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <math.h>
@@ -97,6 +99,27 @@ static void test_same_bits_and_resume(void) {
   for (int s = 4; s <= 6; s++) same = same && lr[s] == la[s];
   test_check(same, "GPU resume: losses of steps 4..6 identical (%.6f %.6f %.6f)", lr[4], lr[5],
              lr[6]);
+}
+
+static void test_tuned_resume(void) {
+  Config a = gpu_config("tuned", "bf16");
+  snprintf(a.gemm_tune, sizeof a.gemm_tune, "on");
+  test_check(train_test_run(&a) == 0, "bf16 run of 6 steps with gemm_tune=on");
+  char from[600], to[600];
+  snprintf(from, sizeof from, "%s/gemm_choices.txt", a.run_dir);
+  struct stat st;
+  test_check(stat(from, &st) == 0 && st.st_size > 100, "gemm_tune=on: %s written (%lld bytes)",
+             from, (long long)(stat(from, &st) == 0 ? st.st_size : -1));
+  Config r = gpu_config("tuned_resumed", "bf16");
+  snprintf(r.gemm_tune, sizeof r.gemm_tune, "on");
+  mkdir(r.run_dir, 0755);
+  train_test_copy_file(ckpt_of(&a, 3), ckpt_of(&r, 3));
+  snprintf(to, sizeof to, "%s/gemm_choices.txt", r.run_dir);
+  train_test_copy_file(from, to);
+  snprintf(r.resume, sizeof r.resume, "auto");
+  test_check(train_test_run(&r) == 0, "gemm_tune=on run resumed from step 3");
+  test_check(train_test_same_tensors(ckpt_of(&a, 6), ckpt_of(&r, 6)),
+             "gemm_tune=on resume: final weights and moments bit-identical to the straight run");
 }
 
 // The other device continues a run: it must load, train and stay close to the straight run
@@ -299,6 +322,7 @@ int main(void) {
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_gpu_train_XXXXXX");
   if (!mkdtemp(tmp_root)) return 1;
   test_same_bits_and_resume();
+  test_tuned_resume();
   test_cross_device();
   test_fp16_overflow();
   graphs_on_off("bf16", "bf16", false);

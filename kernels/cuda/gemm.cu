@@ -9,8 +9,11 @@
 //
 // f32 runs in CUBLAS_COMPUTE_32F, true fp32 (no TF32): the reference path the reduced precisions
 // are measured against. Every distinct problem (types, shape, strides, alignment, epilogue) gets
-// its algorithm from the heuristic once and keeps it: cuBLASLt is then deterministic on one stream
-// (its split-K reductions are fixed-order), so a run's bits do not change from step to step.
+// its algorithm once and keeps it: cuBLASLt is then deterministic on one stream (its split-K
+// reductions are fixed-order), so a run's bits do not change from step to step. The algorithm is
+// the heuristic's first answer or, with tuning on (gemm_context_set_tuning), the fastest of its
+// first kCandidates answers, timed on the problem's own operands at its first call outside a
+// graph capture (C saved and restored around the trials when the product accumulates into it).
 //
 // Epilogues: the bias add of the forward, and in the backward the bias gradient (BGRADB: the
 // column sums of dout, reduced inside the dweight product that reads dout anyway) for callers
@@ -32,6 +35,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
 #include "src/base/cuda_util.h"
+#include "src/base/util.h"
 
 #define CUBLAS_CHECK(call)                                                                      \
   do {                                                                                          \
@@ -49,6 +53,8 @@ using namespace swin_cuda;
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kMaxPlans = 256;
+constexpr int kCandidates = 16;  // heuristic answers timed per product when tuning
+constexpr int kTuneRuns = 5;     // timed runs per candidate (their median), after an untimed one
 
 // What decides the algorithm of one product.
 struct GemmKey {
@@ -65,8 +71,13 @@ struct GemmPlan {
   GemmKey key;
   bool usable;  // cuBLASLt has an algorithm for it
   cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t a, b, c;  // cuBLASLt's A (our B), B (our A), C = D
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatrixLayout_t a, b, c;                // cuBLASLt's A (our B), B (our A), C = D
+  cublasLtMatmulAlgo_t algo;                     // what every call runs: candidates[chosen]
+  cublasLtMatmulAlgo_t candidates[kCandidates];  // the heuristic's answers, its best first
+  int num_candidates, chosen;
+  bool tune_pending;                // to be timed at the first call outside a capture
+  float candidate_ms[kCandidates];  // median time of each once timed; < 0: failed to run
+  int64_t calls;
 };
 
 int pointer_alignment(const void *p) {
@@ -182,6 +193,14 @@ struct GemmContext {
   cublasLtHandle_t lt;
   cudaStream_t stream;
   void *workspace;
+  bool tune;            // time the candidates of each new product (gemm_context_set_tuning)
+  double tune_seconds;  // host time spent timing them
+  int tuned_unwritten;  // products timed since gemm_context_write_choices last wrote
+  // Choices read back (gemm_context_read_choices): a product of one of these keys runs its
+  // algorithm without being timed.
+  GemmKey preset_keys[kMaxPlans];
+  cublasLtMatmulAlgo_t preset_algos[kMaxPlans];
+  int num_presets;
   GemmPlan plans[kMaxPlans];
   int num_plans;
 };
@@ -213,11 +232,148 @@ size_t gemm_context_bytes(void) {
   return kWorkspaceBytes;
 }
 
+void gemm_context_set_tuning(GemmContext *g, bool on) {
+  g->tune = on;
+}
+
+// The file of choices: a header naming what the algorithms are valid for (the cuBLASLt version
+// and the GPU), then one line per timed product: its key's fields and the algorithm's 8 words.
+static void choices_header(char *buf, size_t size) {
+  int dev = 0;
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  char name[sizeof prop.name];
+  snprintf(name, sizeof name, "%s", prop.name);
+  for (char *c = name; *c; c++)
+    if (*c == ' ') *c = '_';
+  snprintf(buf, size, "swin.c gemm choices 1 cublasLt %zu %s sm%d", cublasLtGetVersion(), name,
+           prop.multiProcessorCount);
+}
+
+int gemm_context_write_choices(GemmContext *g, FILE *f) {
+  if (!f) return g->tuned_unwritten;
+  char header[384];
+  choices_header(header, sizeof header);
+  if (fprintf(f, "%s\n", header) < 0) return -1;
+  for (int i = 0; i < g->num_plans; i++) {
+    const GemmPlan *p = &g->plans[i];
+    if (!p->usable || p->tune_pending || !(p->chosen < 0 || p->num_candidates > 1)) continue;
+    const GemmKey &k = p->key;
+    if (fprintf(f, "%d %d %d %d %lld %lld %lld %lld %lld %lld %d %d %d %d %d", k.ab, k.cd,
+                k.trans_a, k.trans_b, (long long)k.M, (long long)k.N, (long long)k.K,
+                (long long)k.lda, (long long)k.ldb, (long long)k.ldc, k.epilogue, k.align_a,
+                k.align_b, k.align_c, k.align_bias) < 0)
+      return -1;
+    for (int w = 0; w < 8; w++)
+      if (fprintf(f, " %016llx", (unsigned long long)p->algo.data[w]) < 0) return -1;
+    if (fputc('\n', f) == EOF) return -1;
+  }
+  g->tuned_unwritten = 0;
+  return 0;
+}
+
+int gemm_context_read_choices(GemmContext *g, const char *text, char *why, size_t why_size) {
+  char header[384];
+  choices_header(header, sizeof header);
+  size_t n = strlen(header);
+  if (strncmp(text, header, n) != 0 || (text[n] != '\n' && text[n] != 0)) {
+    snprintf(why, why_size, "written for another GPU or cuBLASLt (this one: %s)", header);
+    return -1;
+  }
+  int count = 0;
+  for (const char *line = strchr(text, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+    GemmKey k;
+    memset(&k, 0, sizeof k);
+    long long M, N, K, lda, ldb, ldc;
+    unsigned long long w[8];
+    if (sscanf(line + 1,
+               "%d %d %d %d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %llx %llx %llx %llx %llx "
+               "%llx %llx %llx",
+               &k.ab, &k.cd, &k.trans_a, &k.trans_b, &M, &N, &K, &lda, &ldb, &ldc, &k.epilogue,
+               &k.align_a, &k.align_b, &k.align_c, &k.align_bias, &w[0], &w[1], &w[2], &w[3], &w[4],
+               &w[5], &w[6], &w[7]) != 23) {
+      snprintf(why, why_size, "line %d does not read as a product and an algorithm", count + 2);
+      return -1;
+    }
+    if (g->num_presets == kMaxPlans) break;
+    k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
+    g->preset_keys[g->num_presets] = k;
+    for (int i = 0; i < 8; i++) g->preset_algos[g->num_presets].data[i] = (uint64_t)w[i];
+    g->num_presets++;
+    count++;
+  }
+  return count;
+}
+
+static int algo_config(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t a) {
+  uint32_t v = 0;  // every attribute read here is 32 bits or narrower, little-endian
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(algo, a, &v, sizeof v, &written) !=
+      CUBLAS_STATUS_SUCCESS)
+    return -1;
+  return (int)v;
+}
+
+void gemm_context_report(const GemmContext *g, FILE *out) {
+  int tuned = 0;
+  double first_ms = 0.0, chosen_ms = 0.0;  // summed over the calls so far
+  for (int i = 0; i < g->num_plans; i++) {
+    const GemmPlan *p = &g->plans[i];
+    if (p->usable && p->chosen >= 0 && !p->tune_pending && p->num_candidates > 1 &&
+        p->candidate_ms[0] >= 0.0f) {
+      tuned++;
+      first_ms += (double)p->calls * p->candidate_ms[0];
+      chosen_ms += (double)p->calls * p->candidate_ms[p->chosen];
+    }
+  }
+  int read_back = 0;
+  for (int i = 0; i < g->num_plans; i++) read_back += g->plans[i].chosen < 0;
+  fprintf(out,
+          "gemm: %d products, %d read back, %d timed (%.2f s; up to %d cuBLASLt candidates each)",
+          g->num_plans, read_back, tuned, g->tune_seconds, kCandidates);
+  if (tuned > 0)
+    fprintf(out,
+            "; over the calls so far the heuristic's first answers take %.2f ms, the chosen %.2f",
+            first_ms, chosen_ms);
+  fprintf(out, "\n  %-22s %-9s %-2s %-5s %6s %9s %9s %4s  %s\n", "M x N x K", "types", "tr", "epi",
+          "calls", "first ms", "chosen ms", "#", "algo id/tile/stages/splitK/cluster");
+  for (int i = 0; i < g->num_plans; i++) {
+    const GemmPlan *p = &g->plans[i];
+    const GemmKey &k = p->key;
+    char dims[48], types[24];
+    snprintf(dims, sizeof dims, "%lldx%lldx%lld", (long long)k.M, (long long)k.N, (long long)k.K);
+    snprintf(types, sizeof types, "%s/%s", dtype_name((DType)k.ab), dtype_name((DType)k.cd));
+    const char *epi = k.epilogue == EPILOGUE_BIAS        ? "bias"
+                      : k.epilogue == EPILOGUE_BIAS_GRAD ? "bgrad"
+                                                         : "-";
+    fprintf(out, "  %-22s %-9s %d%d %-5s %6lld", dims, types, k.trans_a, k.trans_b, epi,
+            (long long)p->calls);
+    if (!p->usable) {
+      fprintf(out, "  (no algorithm)\n");
+      continue;
+    }
+    bool timed = g->tune && p->chosen >= 0 && !p->tune_pending && p->num_candidates > 1;
+    if (p->chosen < 0)
+      fprintf(out, " %9s %9s %4s", "-", "-", "file");
+    else if (timed)
+      fprintf(out, " %9.4f %9.4f %4d", p->candidate_ms[0], p->candidate_ms[p->chosen], p->chosen);
+    else
+      fprintf(out, " %9s %9s %4d", "-", "-", p->chosen);
+    const cublasLtMatmulAlgo_t *a = &p->algo;
+    fprintf(out, "  %d/%d/%d/%d/%d\n", algo_config(a, CUBLASLT_ALGO_CONFIG_ID),
+            algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+            algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            algo_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+  }
+}
+
 // The plan of a problem: found in the cache, or made (descriptors + heuristic) and kept, usable
 // or not. bias: the pointer of the first call (the heuristic reads its alignment from the
 // descriptor; the key holds that alignment, so every later call with this plan has a bias as
 // aligned).
-static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void *bias) {
+static GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void *bias) {
   for (int i = 0; i < g->num_plans; i++)
     if (memcmp(&g->plans[i].key, &key, sizeof key) == 0) return &g->plans[i];
   if (g->num_plans == kMaxPlans) {
@@ -270,20 +426,35 @@ static const GemmPlan *gemm_plan(GemmContext *g, const GemmKey &key, const void 
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
-  cublasLtMatmulHeuristicResult_t result;
+  cublasLtMatmulHeuristicResult_t results[kCandidates];
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1,
-                                              &result, &found));
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref,
+                                              g->tune ? kCandidates : 1, results, &found));
   cublasLtMatmulPreferenceDestroy(pref);
   g->num_plans++;
-  p->usable = found >= 1;
-  if (p->usable) p->algo = result.algo;
+  for (int i = 0; i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS)
+      p->candidates[p->num_candidates++] = results[i].algo;
+  p->usable = p->num_candidates >= 1;
+  if (p->usable) p->algo = p->candidates[0];
+  p->tune_pending = g->tune && p->num_candidates > 1;
+  for (int i = 0; p->tune_pending && i < g->num_presets; i++) {
+    cublasLtMatmulHeuristicResult_t check;
+    if (memcmp(&g->preset_keys[i], &key, sizeof key) == 0 &&
+        cublasLtMatmulAlgoCheck(g->lt, p->desc, p->a, p->b, p->c, p->c, &g->preset_algos[i],
+                                &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kWorkspaceBytes) {
+      p->algo = g->preset_algos[i];
+      p->chosen = -1;  // read back, not timed here
+      p->tune_pending = false;
+    }
+  }
   return p;
 }
 
 // gemm_plan for a problem cuBLASLt must serve.
-static const GemmPlan *gemm_plan_needed(GemmContext *g, const GemmKey &key, const void *bias) {
-  const GemmPlan *p = gemm_plan(g, key, bias);
+static GemmPlan *gemm_plan_needed(GemmContext *g, const GemmKey &key, const void *bias) {
+  GemmPlan *p = gemm_plan(g, key, bias);
   if (!p->usable) {
     fprintf(stderr,
             "gemm_cuda: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld (types %s/%s, trans "
@@ -316,13 +487,86 @@ static GemmKey gemm_key(DType ab, DType cd, bool transA, bool transB, int64_t M,
   return key;
 }
 
-static void gemm_run(GemmContext *g, const GemmPlan *p, float alpha, const void *A, const void *B,
+static cublasStatus_t gemm_launch(GemmContext *g, const GemmPlan *p,
+                                  const cublasLtMatmulAlgo_t *algo, float alpha, const void *A,
+                                  const void *B, float beta, void *C) {
+  return cublasLtMatmul(g->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c, algo,
+                        g->workspace, kWorkspaceBytes, g->stream);
+}
+
+// Times each candidate of p on this call's operands and keeps the fastest. The trials write C
+// (and a BGRADB epilogue's bias, which the call overwrites anyway); a C the product accumulates
+// into (beta != 0) is saved first and put back before every trial and before the call itself.
+static void gemm_tune(GemmContext *g, GemmPlan *p, float alpha, const void *A, const void *B,
+                      float beta, void *C) {
+  double t0 = time_now_s();
+  const GemmKey &k = p->key;
+  size_t c_bytes = (size_t)((k.M - 1) * k.ldc + k.N) * dtype_size((DType)k.cd);
+  void *saved = nullptr;
+  if (beta != 0.0f) {
+    CUDA_CHECK(cudaMalloc(&saved, c_bytes));
+    CUDA_CHECK(cudaMemcpyAsync(saved, C, c_bytes, cudaMemcpyDeviceToDevice, g->stream));
+  }
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  for (int i = 0; i < p->num_candidates; i++) {
+    float ms[kTuneRuns];
+    int runs = 0;
+    for (int r = -1; r < kTuneRuns; r++) {  // r = -1: untimed (first use of a kernel loads it)
+      if (saved)
+        CUDA_CHECK(cudaMemcpyAsync(C, saved, c_bytes, cudaMemcpyDeviceToDevice, g->stream));
+      CUDA_CHECK(cudaEventRecord(start, g->stream));
+      if (gemm_launch(g, p, &p->candidates[i], alpha, A, B, beta, C) != CUBLAS_STATUS_SUCCESS)
+        break;
+      CUDA_CHECK(cudaEventRecord(stop, g->stream));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms[runs++], start, stop));
+    }
+    if (runs < kTuneRuns) {
+      p->candidate_ms[i] = -1.0f;
+      continue;
+    }
+    for (int a = 1; a < runs; a++)  // insertion sort for the median
+      for (int b = a; b > 0 && ms[b] < ms[b - 1]; b--) {
+        float t = ms[b];
+        ms[b] = ms[b - 1];
+        ms[b - 1] = t;
+      }
+    p->candidate_ms[i] = ms[runs / 2];
+    if (p->candidate_ms[best] < 0.0f || p->candidate_ms[i] < p->candidate_ms[best]) best = i;
+  }
+  CUDA_CHECK(cudaGetLastError());
+  if (p->candidate_ms[best] < 0.0f) best = 0;  // none ran: the heuristic's answer, as untuned
+  p->chosen = best;
+  p->algo = p->candidates[best];
+  if (saved) {
+    CUDA_CHECK(cudaMemcpyAsync(C, saved, c_bytes, cudaMemcpyDeviceToDevice, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaFree(saved));
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  p->tune_pending = false;
+  g->tune_seconds += time_now_s() - t0;
+  g->tuned_unwritten++;
+}
+
+static bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+static void gemm_run(GemmContext *g, GemmPlan *p, float alpha, const void *A, const void *B,
                      float beta, void *C, const void *bias) {
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias));
-  CUBLAS_CHECK(cublasLtMatmul(g->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,
-                              &p->algo, g->workspace, kWorkspaceBytes, g->stream));
+  if (p->tune_pending && !stream_capturing(g->stream)) gemm_tune(g, p, alpha, A, B, beta, C);
+  p->calls++;
+  CUBLAS_CHECK(gemm_launch(g, p, &p->algo, alpha, A, B, beta, C));
 }
 
 void gemm_cuda(GemmContext *g, DType ab, DType cd, bool transA, bool transB, int64_t M, int64_t N,
@@ -409,7 +653,7 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
     check_fits_int("IC", IC);
     GemmKey key = gemm_key(dt, DTYPE_F32, true, false, OC, IC, N, dout, OC, inp, IC, dweight, IC,
                            EPILOGUE_BIAS_GRAD, scratch);
-    const GemmPlan *p = gemm_plan(g, key, scratch);
+    GemmPlan *p = gemm_plan(g, key, scratch);
     if (p->usable) {
       gemm_run(g, p, 1.0f, dout, inp, 1.0f, dweight, scratch);
       column_partials_reduce_cuda(dbias, scratch, 1, OC, g->stream);

@@ -111,6 +111,7 @@ static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
   if (model_select_device(comm, cfg, err) != 0) return -1;
   Backend *be = &b->be;
   if (backend_create(be, cfg->device, cfg->precision, err) != 0) return -1;
+  if (be->ops->gemm_tuning) be->ops->gemm_tuning(be, strcmp(cfg->gemm_tune, "on") == 0);
   if (comm->mpi && train_check_same_device(comm, be, err) != 0) return -1;
   if (model_create(&b->m, cfg, be, b->B, err) != 0) return -1;
   model_init_weights(&b->m, cfg->seed);
@@ -408,6 +409,7 @@ int bench_run(const Config *cfg, Comm *comm, Error *err) {
   int rc = -1;
   if (bench_setup(&b, cfg, comm, err) != 0 || bench_measure(&b, &r, err) != 0) goto done;
   print_table(&b, &r);
+  if (b.be.ops->gemm_report) b.be.ops->gemm_report(&b.be, stdout);
   print_json(&b, &r);
   rc = 0;
 done:

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data/batch_augment.h"
 #include "data/dataset.h"
@@ -453,6 +454,48 @@ static int lead_start(Trainer *t, bool *resumed, Error *err) {
   return 0;
 }
 
+// gemm_tune = on: each product's algorithm timed at its first use, in one process only (ranks
+// timing apart would choose apart). The choices go to run_dir/gemm_choices.txt before each
+// checkpoint and are read back at the start of a run in that run_dir, so a resumed run computes
+// with the algorithms of the run it continues (the same bits).
+static void gemm_choices_path(const Trainer *t, char *buf, size_t size) {
+  snprintf(buf, size, "%s/gemm_choices.txt", t->cfg->run_dir);
+}
+
+static void setup_gemm_tuning(Trainer *t) {
+  Backend *be = &t->be;
+  if (!be->ops->gemm_tuning) return;
+  bool on = strcmp(t->cfg->gemm_tune, "on") == 0;
+  if (on && t->comm->world > 1) {
+    printf(
+        "gemm: gemm_tune=on is not applied under a launcher (the ranks would choose apart); "
+        "cuBLASLt's heuristic picks each algorithm\n");
+    on = false;
+  }
+  be->ops->gemm_tuning(be, on);
+  if (!on) return;
+  char path[1024];
+  gemm_choices_path(t, path, sizeof path);
+  size_t size;
+  Error e;
+  char *text = t->e2e || access(path, F_OK) != 0 ? NULL : (char *)read_file(path, &size, &e);
+  char why[512];
+  int n = text ? be->ops->gemm_choices_read(be, text, why, sizeof why) : 0;
+  free(text);
+  if (n < 0) fprintf(stderr, "warning: %s: %s; every product is timed again\n", path, why);
+  if (n > 0)
+    printf("gemm: %d algorithms read back from %s; any other product timed at its first use\n", n,
+           path);
+  else
+    printf("gemm: each product's algorithm timed at its first use (gemm_tune=on)%s%s\n",
+           t->e2e ? "" : "; the choices saved to ", t->e2e ? "" : path);
+}
+
+static int write_gemm_choices(FILE *f, const void *be) {
+  Backend *b = (Backend *)be;
+  return b->ops->gemm_choices_write(b, f);
+}
+
 static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) {
   memset(t, 0, sizeof *t);
   t->lock.fd = -1;
@@ -477,6 +520,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   if (model_select_device(comm, cfg, err) != 0) return -1;
   if (backend_create(&t->be, cfg->device, cfg->precision, err) != 0) return -1;
   if (comm->mpi && train_check_same_device(comm, &t->be, err) != 0) return -1;
+  setup_gemm_tuning(t);
   // data.decoder = auto takes nvJPEG where it can serve: in the build, on the GPU, gray or RGB.
   bool gpu_decode = strcmp(cfg->decoder, "nvjpeg") == 0 ||
                     (strcmp(cfg->decoder, "auto") == 0 && jpeg_gpu_built() &&
@@ -765,8 +809,13 @@ static int save_checkpoint(Trainer *t, Error *err) {
   if (is_lead(t) || several) model_weights_to_host(&t->model);
   if (several && check_same_weights(t, err) != 0) return -1;
   if (is_lead(t)) {
-    optimizer_download_moments(&t->opt, &t->model);
+    Backend *be = &t->be;
     char path[1024];
+    if (be->ops->gemm_choices_write && be->ops->gemm_choices_write(be, NULL) > 0) {
+      gemm_choices_path(t, path, sizeof path);
+      if (write_file_atomic(path, write_gemm_choices, be, err) != 0) return -1;
+    }
+    optimizer_download_moments(&t->opt, &t->model);
     if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
                         &t->state, t->class_names, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
       return error_prefix(err,

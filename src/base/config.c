@@ -104,6 +104,11 @@ static const ConfigKey config_keys[] = {
      "compute type of activations and GEMM weights: fp32, bf16 or fp16 (cuda only; fp32 master "
      "weights and AdamW state either way; fp16 adds dynamic loss scaling)",
      TEXT(precision), .choices = "fp32|bf16|fp16"},
+    {"gemm_tune", KEY_ENUM, "off",
+     "cuda: each matrix product of a new shape runs the fastest of up to 16 cuBLASLt algorithms, "
+     "timed on its own operands at its first use (on), or the heuristic's first answer (off); "
+     "either way the choice then stays for the run",
+     TEXT(gemm_tune), .choices = "off|on"},
     {"eval", KEY_BOOL, "false",
      "evaluate instead of training: the weights of init_from (or resume) on the val split, on "
      "the chosen device; prints top-1, top-5, loss and img/s, writes one metrics record to "

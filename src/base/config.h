@@ -25,6 +25,7 @@ typedef struct {
   char device[16];    // "auto", "cpu" or "cuda"
   int threads;        // OpenMP threads for CPU kernels, 0 = all cores
   char precision[8];  // "fp32", "bf16" or "fp16"
+  char gemm_tune[8];  // "off" or "on": the GPU's matrix products timed per shape at first use
 
   // [model]
   int img_h, img_w;  // model.img_size = "32" or "32,48" (H,W)

@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels/augment.h"
 #include "kernels/window.h"
@@ -277,6 +278,17 @@ typedef struct {
   // and clears them. The CPU backend measures nothing (zeros).
   void (*profile)(Backend *be, bool on);
   void (*profile_report)(Backend *be, double *ms /* OP_FAMILIES */);
+
+  // ---- the GPU's matrix products (NULL on the CPU) ----
+  // gemm_tuning: for products not planned yet, the fastest of cuBLASLt's candidates timed at
+  // first use (on) or the heuristic's first answer (off, the default); gemm_report writes every
+  // product planned so far with its choice; gemm_choices_write / gemm_choices_read save the timed
+  // choices as text and take them back (kernels/gemm.h: gemm_context_write_choices and
+  // gemm_context_read_choices).
+  void (*gemm_tuning)(Backend *be, bool on);
+  void (*gemm_report)(Backend *be, FILE *out);
+  int (*gemm_choices_write)(Backend *be, FILE *f);
+  int (*gemm_choices_read)(Backend *be, const char *text, char *why, size_t why_size);
 } BackendOps;
 
 struct Backend {

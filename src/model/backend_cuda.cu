@@ -127,6 +127,22 @@ void cuda_profile(Backend *be, bool on) {
   st->profiling = on;
 }
 
+void cuda_gemm_tuning(Backend *be, bool on) {
+  gemm_context_set_tuning(state_of(be)->gemm, on);
+}
+
+void cuda_gemm_report(Backend *be, FILE *out) {
+  gemm_context_report(state_of(be)->gemm, out);
+}
+
+int cuda_gemm_choices_write(Backend *be, FILE *f) {
+  return gemm_context_write_choices(state_of(be)->gemm, f);
+}
+
+int cuda_gemm_choices_read(Backend *be, const char *text, char *why, size_t why_size) {
+  return gemm_context_read_choices(state_of(be)->gemm, text, why, why_size);
+}
+
 void cuda_profile_report(Backend *be, double *ms) {
   CudaState *st = state_of(be);
   collect_marks(st);
@@ -667,6 +683,10 @@ const BackendOps cuda_ops = {
     .graph_destroy = cuda_graph_destroy,
     .profile = cuda_profile,
     .profile_report = cuda_profile_report,
+    .gemm_tuning = cuda_gemm_tuning,
+    .gemm_report = cuda_gemm_report,
+    .gemm_choices_write = cuda_gemm_choices_write,
+    .gemm_choices_read = cuda_gemm_choices_read,
 };
 
 }  // namespace
