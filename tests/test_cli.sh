@@ -119,6 +119,25 @@ expect "bench=e2e writes no run_dir" 0 "^absent$" -- \
   bash -c '[ -e "$1" ] && echo present || echo absent' _ "$tmp/e2e"
 expect "bench refuses an unknown mode" 1 "bad value 'fast' for key 'bench'" -- \
   "$bin" --dry-run "$src/tests/tiny_fashion.ini" bench=fast
+# train.recompute: the start-up lines say what is rebuilt and what it saves; bench=1 runs with it.
+expect "train.recompute=all: the memory table shows what it saved" 0 \
+  "activations +[0-9.]+ MiB +\(recompute all: -[0-9.]+ MiB\)" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu train.recompute=all \
+  train.max_steps=1 run_dir="$tmp/recompute"
+expect "train.recompute=1: the start-up line names the blocks" 0 \
+  "^recompute: the first 1 block of each stage, 2 of 4 \(train\.recompute=1\)" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu train.recompute=1 \
+  train.max_steps=1 run_dir="$tmp/recompute1"
+expect "bench=1 with train.recompute=all prints img/s and the activations it saved" 0 \
+  "activations \(GiB\) +[0-9.]+ +\(train\.recompute: 4 of 4 blocks rebuilt in the backward" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" device=cpu bench=1 bench.steps=10 bench.warmup=1 \
+  train.recompute=all
+expect "bench=1's JSON counts the recomputed blocks" 0 '"img_s": [0-9.]+.*"recomputed_blocks": 4' -- \
+  "$bin" "$src/tests/tiny_fashion.ini" device=cpu bench=1 bench.steps=10 bench.warmup=1 \
+  train.recompute=all
+expect "train.recompute refuses a bad value with both forms" 1 \
+  "HINT: expected one of: none, all, or an integer at least 0" -- \
+  "$bin" --dry-run "$src/tests/tiny_fashion.ini" train.recompute=some
 expect "data.workers = 0 sizes the loader from the cores" 0 \
   "loader: [0-9]+ workers? \(auto: [0-9]+ cores? for this process.*a ring of [0-9]+ batches \(auto: workers \+ 2\)" -- \
   "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu data.workers=0 \

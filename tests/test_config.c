@@ -83,7 +83,7 @@ static const char *config_diff(const Config *a, const Config *b) {
   SAME(batch_size); SAME(epochs); SAME(max_steps); SAME(lr); SAME(lr_scale_batch); SAME(min_lr);
   SAME(warmup_lr); SAME(warmup_epochs); SAME(weight_decay); SAME(beta1); SAME(beta2); SAME(eps);
   SAME(clip_grad); SAME(label_smoothing); SAME(log_every); SAME(eval_every);
-  SAME(eval_batch_size); SAME_STR(cuda_graphs);
+  SAME(eval_batch_size); SAME(recompute); SAME_STR(cuda_graphs);
   SAME_STR(dataset); SAME_STR(path); SAME(workers); SAME(prefetch); SAME(num_mean);
   SAME_FLOATS(mean, 4); SAME_FLOATS(std, 4);
   SAME(scale_min); SAME(scale_max); SAME(ratio_min); SAME(ratio_max); SAME(hflip); SAME(crop_pct);
@@ -120,7 +120,7 @@ static void test_defaults(void) {
        c.lr_scale_batch == 512 && c.min_lr == 5e-6f && c.warmup_lr == 5e-7f &&
        c.warmup_epochs == 20.0f && c.weight_decay == 0.05f && c.beta1 == 0.9f &&
        c.beta2 == 0.999f && c.eps == 1e-8f && c.clip_grad == 5.0f && c.label_smoothing == 0.1f &&
-       c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0 &&
+       c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0 && c.recompute == 0 &&
        strcmp(c.cuda_graphs, "auto") == 0;
   test_check(ok, "defaults: [train] (official recipe)");
   ok = strcmp(c.dataset, "imagefolder") == 0 && c.path[0] == 0 && c.workers == 0 &&
@@ -570,6 +570,7 @@ static void test_round_trip(void) {
   c.depths[3] = c.num_heads[3] = 0;
   c.qkv_bias = false;
   c.max_steps = (int64_t)(test_rng_u64(&rng) >> 2);
+  c.recompute = 3;
   float *positive[] = {&c.mlp_ratio,    &c.lr,  &c.min_lr,    &c.warmup_lr, &c.warmup_epochs,
                        &c.weight_decay, &c.eps, &c.clip_grad, &c.ratio_min};
   for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
@@ -598,6 +599,41 @@ static void test_round_trip(void) {
              "to_ini writes [section] headers and bare key names");
   free(again);
   free(ini);
+}
+
+// train.recompute: a word (none = 0, all = -1) or a block count; written back as the word that
+// stands for the value; anything else is an error that lists both forms.
+static void test_recompute_key(void) {
+  Config c;
+  Error err;
+  config_defaults(&c);
+  struct {
+    const char *text;
+    int want;
+    const char *back;
+  } cases[] = {{"all", -1, "all"}, {"none", 0, "none"}, {"0", 0, "none"}, {"2", 2, "2"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char arg[64];
+    snprintf(arg, sizeof arg, "train.recompute=%s", cases[i].text);
+    int rc = config_apply_override(&c, arg, &err);
+    char *ini = config_to_ini(&c), line[64];
+    snprintf(line, sizeof line, "\nrecompute = %s\n", cases[i].back);
+    test_check(rc == 0 && c.recompute == cases[i].want && strstr(ini, line),
+               "%s: recompute %d (want %d), written back as '%s'", arg, c.recompute, cases[i].want,
+               cases[i].back);
+    free(ini);
+  }
+  const char *expect = "HINT: expected one of: none, all, or an integer at least 0";
+  CHECK_ERROR("train.recompute=some", config_apply_override(&c, "train.recompute=some", &err), &err,
+              "command line: bad value 'some' for key 'train.recompute'", expect);
+  CHECK_ERROR("train.recompute=-1", config_apply_override(&c, "train.recompute=-1", &err), &err,
+              "bad value '-1' for key 'train.recompute'", expect);
+  CHECK_ERROR("train.recompute=1.5", config_apply_override(&c, "train.recompute=1.5", &err), &err,
+              "bad value '1.5' for key 'train.recompute'", expect);
+  config_defaults(&c);
+  c.recompute = -2;
+  CHECK_ERROR("recompute -2 set in code", config_validate(&c, &err), &err,
+              "train.recompute = -2 is not a valid value", expect);
 }
 
 static void test_same_model(void) {
@@ -688,6 +724,7 @@ int main(void) {
   test_override_errors();
   test_validate_errors();
   test_round_trip();
+  test_recompute_key();
   test_where();
   test_same_model();
   test_print();

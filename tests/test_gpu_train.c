@@ -9,10 +9,8 @@
 // its timed GEMM choices to run_dir/gemm_choices.txt, and a run resumed from its step-3
 // checkpoint with that file ends bitwise equal to the straight tuned run.
 #define _POSIX_C_SOURCE 200809L
-#include <fcntl.h>
 #include <math.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "tests/util/test_gpu_util.h"
 #include "tests/util/test_model_config.h"
@@ -20,6 +18,7 @@
 #ifdef SWIN_HAVE_CUDA
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
+#include "tests/util/test_graph_runs.h"
 #include "tests/util/test_train_util.h"
 
 static char tmp_root[256];
@@ -218,34 +217,6 @@ static void test_fp16_overflow(void) {
 
 // ---- CUDA graphs ------------------------------------------------------------------------------
 
-// Trains c with its stdout also kept in run_dir.log; *replayed and *steps get the counts of the
-// last "cuda graphs:" line ("... N of M steps replayed"; 0 and 0 when it names none).
-static int run_counting_replays(const Config *c, long long *replayed, long long *steps) {
-  char path[600], line[512];
-  snprintf(path, sizeof path, "%s.log", c->run_dir);
-  fflush(stdout);
-  int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (saved < 0 || fd < 0) return -1;
-  dup2(fd, 1);
-  close(fd);
-  int rc = train_test_run(c);
-  fflush(stdout);
-  dup2(saved, 1);
-  close(saved);
-  *replayed = *steps = 0;
-  FILE *f = fopen(path, "r");
-  while (f && fgets(line, sizeof line, f)) {
-    const char *p = strstr(line, "cuda graphs: ");
-    if (p) printf("     %s", p);
-    const char *q = p ? strstr(p, "; ") : NULL;
-    if (q && sscanf(q, "; %lld of %lld steps replayed", replayed, steps) != 2)
-      *replayed = *steps = 0;
-  }
-  if (f) fclose(f);
-  if (rc != 0) printf("     (the run's output is in %s)\n", path);
-  return rc;
-}
-
 static bool same_losses(const Config *a, const Config *b, int from, int to) {
   double la[32] = {0}, lb[32] = {0};
   losses_of(a, la, 32);
@@ -280,8 +251,8 @@ static void graphs_on_off(const char *name, const char *precision, bool augment)
     snprintf(c->cuda_graphs, sizeof c->cuda_graphs, "%s", k == 0 ? "on" : "off");
   }
   long long replayed, steps, replayed_off, steps_off;
-  int rc_on = run_counting_replays(&on, &replayed, &steps);
-  int rc_off = run_counting_replays(&off, &replayed_off, &steps_off);
+  int rc_on = train_test_run_counting_replays(&on, &replayed, &steps);
+  int rc_off = train_test_run_counting_replays(&off, &replayed_off, &steps_off);
   test_check(rc_on == 0 && rc_off == 0, "%s %s%s: 10 steps with train.cuda_graphs=on and off", name,
              precision, augment ? " with mixup, cutmix and erasing" : "");
   if (rc_on != 0 || rc_off != 0) return;
@@ -308,7 +279,7 @@ static void graphs_resume(void) {
   snprintf(r.resume, sizeof r.resume, "auto");
   snprintf(r.cuda_graphs, sizeof r.cuda_graphs, "on");
   long long replayed, steps;
-  test_check(run_counting_replays(&r, &replayed, &steps) == 0,
+  test_check(train_test_run_counting_replays(&r, &replayed, &steps) == 0,
              "graphs on: run resumed from step 5 to step 10");
   test_check(replayed == 3 && steps == 5,
              "resumed with graphs: 3 of 5 steps replayed (%lld of %lld)", replayed, steps);

@@ -353,12 +353,20 @@ static void print_table(const Bench *b, const BenchResult *r) {
     printf("  %-34s %10.1f\n", "img/s (median round)", img_s);
   }
   printf("  %-34s %10.2f   (best round %.2f)\n", "ms/step", r->ms_step, r->best);
-  printf("  %-34s %10.1f   (%.2f GFLOP/step%s: matrix products)\n", "TFLOP/s", tflops, flops / 1e9,
-         b->reducer ? " per process" : "");
+  printf("  %-34s %10.1f   (%.2f GFLOP/step%s: matrix products%s)\n", "TFLOP/s", tflops,
+         flops / 1e9, b->reducer ? " per process" : "",
+         b->m.num_recomputed > 0 ? ", the recompute's not counted" : "");
   if (peak > 0)
     printf("  %-34s %9.1f%%   (of %.0f TFLOP/s dense peak)\n", "MFU", 100 * tflops * 1e12 / peak,
            peak / 1e12);
   printf("  %-34s %10.2f   (all taken before the first step)\n", "device memory (GiB)", r->gib);
+  size_t weights, grads, acts;
+  model_memory(&b->m, &weights, &grads, &acts);
+  printf("  %-34s %10.2f", "activations (GiB)", (double)acts / (1 << 30));
+  if (b->m.num_recomputed > 0)
+    printf("   (train.recompute: %d of %d blocks rebuilt in the backward, -%.2f GiB)",
+           b->m.num_recomputed, b->m.num_blocks, (double)b->m.acts_saved_bytes / (1 << 30));
+  printf("\n");
   printf("  %-34s %10.2f\n", "host waits per step", r->waits_per_step);
   if (be->device == DEVICE_CUDA) {
     char graphs[256];
@@ -385,10 +393,11 @@ static void print_json(const Bench *b, const BenchResult *r) {
   printf(
       "{\"bench\": \"swin.c\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %d, "
       "\"world\": %d, \"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
-      "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f, \"cuda_graphs\": %s",
+      "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f, \"cuda_graphs\": %s, "
+      "\"recomputed_blocks\": %d",
       be->ops->name, cfg->precision, cfg->batch_size, b->comm->world, img_s, r->ms_step, tflops,
       peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step,
-      b->graphs.on && b->graphs.captured > 0 ? "true" : "false");
+      b->graphs.on && b->graphs.captured > 0 ? "true" : "false", b->m.num_recomputed);
   if (b->reducer) {
     double exposed = r->ms_step - r->ms_unreduced;
     printf(

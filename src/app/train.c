@@ -376,21 +376,31 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
   size_t counted = weights + grads + acts + moments + batches;
   size_t total = t->be.bytes_in_use > counted ? t->be.bytes_in_use : counted;
   size_t other = total - counted;
+  // What activation checkpointing saved, beside the activations it leaves.
+  char saved[64] = "", saved_bytes[32];
+  if (m->num_recomputed > 0) {
+    format_bytes(saved_bytes, sizeof saved_bytes, m->acts_saved_bytes);
+    if (t->cfg->recompute < 0)
+      snprintf(saved, sizeof saved, "   (recompute all: -%s)", saved_bytes);
+    else
+      snprintf(saved, sizeof saved, "   (recompute %d: -%s)", t->cfg->recompute, saved_bytes);
+  }
   struct {
     const char *name;
     size_t bytes;
-  } rows[] = {{"weights (fp32 master + compute copy)", weights},
-              {"gradients (fp32)", grads},
-              {"AdamW moments (fp32 x 2)", moments},
-              {"activations", acts},
-              {"the step's batch slots (uint8 + labels, x4)", batches},
-              {"scratch, tables, optimizer state", other},
-              {"total", total}};
+    const char *note;
+  } rows[] = {{"weights (fp32 master + compute copy)", weights, ""},
+              {"gradients (fp32)", grads, ""},
+              {"AdamW moments (fp32 x 2)", moments, ""},
+              {"activations", acts, saved},
+              {"the step's batch slots (uint8 + labels, x4)", batches, ""},
+              {"scratch, tables, optimizer state", other, ""},
+              {"total", total, ""}};
   printf("memory on %s:\n", t->be.ops->name);
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     char b[32];
     format_bytes(b, sizeof b, rows[i].bytes);
-    printf("  %-40s %12s\n", rows[i].name, b);
+    printf("  %-40s %12s%s\n", rows[i].name, b, rows[i].note);
   }
   // The activation table's largest tensor: what a smaller batch or image size shrinks first.
   int largest = 0;

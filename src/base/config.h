@@ -65,6 +65,7 @@ typedef struct {
   int log_every;            // steps between progress lines / metrics records
   int eval_every;           // steps between evaluations; 0 = at the end of every epoch
   int eval_batch_size;
+  int recompute;  // blocks of each stage rebuilt in the backward: 0 none, -1 all, N the first N
   char cuda_graphs[8];  // "auto", "on" or "off": the training step as a replayed CUDA graph
 
   // [data]

@@ -82,7 +82,11 @@ void arena_reset(Arena *a) {
 }
 
 void *arena_alloc(Arena *a, size_t bytes) {
-  size_t offset = (a->used + 63) & ~(size_t)63;
+  return arena_alloc_aligned(a, bytes, 64);
+}
+
+void *arena_alloc_aligned(Arena *a, size_t bytes, size_t align) {
+  size_t offset = (a->used + align - 1) & ~(align - 1);
   a->used = offset + bytes;
   if (!a->base) return NULL;  // counting pass
   if (a->used > a->capacity) {

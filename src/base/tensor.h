@@ -60,6 +60,8 @@ void arena_reset(Arena *a);
 // Returns a 64-byte aligned block of `bytes` (NULL during a counting pass). Aborts with the
 // arena's name if it overflows: that is a planning bug, not a user error.
 void *arena_alloc(Arena *a, size_t bytes);
+// The same at an offset that is a multiple of align (a power of two, at least 64).
+void *arena_alloc_aligned(Arena *a, size_t bytes, size_t align);
 float *arena_floats(Arena *a, int64_t count);
 
 #ifdef __cplusplus

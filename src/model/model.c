@@ -60,6 +60,15 @@ static void build_geometry(Model *m) {
   for (int i = 0; i < m->num_blocks; i++)
     m->block_drop[i] =
         m->num_blocks > 1 ? (float)((double)c->drop_path_rate * i / (m->num_blocks - 1)) : 0.0f;
+  // train.recompute: -1 every block, N the first N of each stage (all of a shallower one).
+  m->block_recompute = calloc_check((size_t)(m->num_blocks ? m->num_blocks : 1), sizeof(bool));
+  m->num_recomputed = 0;
+  for (int s = 0; s < m->num_stages; s++)
+    for (int j = 0; j < m->stages[s].depth; j++) {
+      bool on = c->recompute < 0 || j < c->recompute;
+      m->block_recompute[m->stages[s].first_block + j] = on;
+      m->num_recomputed += on;
+    }
 }
 
 static bool block_is_shifted(const StageGeom *g, int j) {
@@ -185,11 +194,16 @@ typedef struct {
   int rows;
 } ActPlan;
 
+// Every buffer starts at a multiple of 256 bytes: the largest alignment cuBLASLt's algorithm
+// choice distinguishes (kernels/cuda/gemm.cu keys its plans by it), so a GEMM over a recomputed
+// block's shared buffers runs the algorithm it runs over the block's own (the same bits).
+#define ACT_ALIGN 256
+
 __attribute__((format(printf, 5, 6))) static void *plan_tensor(ActPlan *p, DType dtype, int ndim,
                                                                const int64_t *shape,
                                                                const char *fmt, ...) {
   Tensor t = tensor_view(NULL, dtype, p->m->be->device, NULL, ndim, shape);
-  t.data = arena_alloc(p->arena, tensor_bytes(&t));
+  t.data = arena_alloc_aligned(p->arena, tensor_bytes(&t), ACT_ALIGN);
   if (p->m->act_table) {
     va_list ap;
     va_start(ap, fmt);
@@ -204,7 +218,55 @@ __attribute__((format(printf, 5, 6))) static void *plan_tensor(ActPlan *p, DType
 #define ACT(p, shape, ...) plan_tensor(p, (p)->m->be->act, NDIM shape, SHAPE shape, __VA_ARGS__)
 #define F32(p, shape, ...) plan_tensor(p, DTYPE_F32, NDIM shape, SHAPE shape, __VA_ARGS__)
 
-static int plan_activations(Model *m, Arena *a, int B) {
+// The saved activations of block j of stage s (all but x), in the arena or, for a recomputed
+// block, as views of the shared set (bound in plan_activations).
+static void plan_block(ActPlan *p, BlockActs *b, const StageGeom *g, int B, int s, int j) {
+  int64_t L = (int64_t)g->H * g->W, BL = B * L, C = g->C;
+  Backend *be = p->m->be;
+  b->ln1_mean = F32(p, (BL), "layers.%d.blocks.%d.ln1_mean", s, j);
+  b->ln1_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln1_rstd", s, j);
+  b->qkv = ACT(p, ((int64_t)B * g->nW, g->N, 3 * C), "layers.%d.blocks.%d.qkv", s, j);
+  b->att = F32(p, (be->ops->attention_saved_floats(be, B * g->nW, g->N, g->C, g->heads)),
+               "layers.%d.blocks.%d.attn_saved", s, j);
+  b->attn_out = ACT(p, ((int64_t)B * g->nW, g->N, C), "layers.%d.blocks.%d.attn_out", s, j);
+  b->x1 = ACT(p, (B, L, C), "layers.%d.blocks.%d.x1", s, j);
+  b->ln2_mean = F32(p, (BL), "layers.%d.blocks.%d.ln2_mean", s, j);
+  b->ln2_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln2_rstd", s, j);
+  b->fc1 = ACT(p, (B, L, g->hidden), "layers.%d.blocks.%d.fc1", s, j);
+  // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
+}
+
+// The set every recomputed block's views share (Activations.rebuilt): each buffer as large as
+// the largest stage with a recomputed block needs it, flat.
+static void plan_rebuilt(ActPlan *p, BlockActs *r, int B) {
+  Model *m = p->m;
+  int64_t rows = 0, qkv = 0, att = 0, tokens = 0, hidden = 0;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    if (!m->block_recompute[g->first_block]) continue;  // the stage's first block is the first
+    int64_t BL = (int64_t)B * g->H * g->W;
+    int64_t saved = m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads);
+    if (BL > rows) rows = BL;
+    if (BL * 3 * g->C > qkv) qkv = BL * 3 * g->C;
+    if (saved > att) att = saved;
+    if (BL * g->C > tokens) tokens = BL * g->C;
+    if (BL * g->hidden > hidden) hidden = BL * g->hidden;
+  }
+  if (rows == 0) return;
+  r->ln1_mean = F32(p, (rows), "recompute.ln1_mean");
+  r->ln1_rstd = F32(p, (rows), "recompute.ln1_rstd");
+  r->qkv = ACT(p, (qkv), "recompute.qkv");
+  r->att = F32(p, (att), "recompute.attn_saved");
+  r->attn_out = ACT(p, (tokens), "recompute.attn_out");
+  r->x1 = ACT(p, (tokens), "recompute.x1");
+  r->ln2_mean = F32(p, (rows), "recompute.ln2_mean");
+  r->ln2_rstd = F32(p, (rows), "recompute.ln2_rstd");
+  r->fc1 = ACT(p, (hidden), "recompute.fc1");
+}
+
+// Plans every activation for batch B; with recompute false as if no block were recomputed (to
+// count what recompute saves). Returns the number of rows.
+static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
   const Config *c = &m->cfg;
   Activations *x = &m->acts;
   ActPlan plan = {a, m, 0}, *p = &plan;
@@ -226,17 +288,7 @@ static int plan_activations(Model *m, Arena *a, int B) {
     for (int j = 0; j < g->depth; j++) {
       BlockActs *b = &x->blocks[g->first_block + j];
       b->x = ACT(p, (B, L, C), "layers.%d.blocks.%d.x", s, j);
-      b->ln1_mean = F32(p, (BL), "layers.%d.blocks.%d.ln1_mean", s, j);
-      b->ln1_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln1_rstd", s, j);
-      b->qkv = ACT(p, ((int64_t)B * g->nW, g->N, 3 * C), "layers.%d.blocks.%d.qkv", s, j);
-      b->att = F32(p, (m->be->ops->attention_saved_floats(m->be, B * g->nW, g->N, g->C, g->heads)),
-                   "layers.%d.blocks.%d.attn_saved", s, j);
-      b->attn_out = ACT(p, ((int64_t)B * g->nW, g->N, C), "layers.%d.blocks.%d.attn_out", s, j);
-      b->x1 = ACT(p, (B, L, C), "layers.%d.blocks.%d.x1", s, j);
-      b->ln2_mean = F32(p, (BL), "layers.%d.blocks.%d.ln2_mean", s, j);
-      b->ln2_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln2_rstd", s, j);
-      b->fc1 = ACT(p, (B, L, g->hidden), "layers.%d.blocks.%d.fc1", s, j);
-      // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
+      if (!recompute || !m->block_recompute[g->first_block + j]) plan_block(p, b, g, B, s, j);
     }
     x->stage_out[s] = ACT(p, (B, L, C), "layers.%d.out", s);
     if (BL * C > max_lc) max_lc = BL * C;
@@ -262,6 +314,15 @@ static int plan_activations(Model *m, Arena *a, int B) {
   x->dattn = ACT(p, (max_lc), "shared.attn.grad");
   x->dhidden = ACT(p, (max_hidden), "shared.hidden.grad");
   x->dqkv = ACT(p, (max_qkv), "shared.qkv.grad");
+  x->rebuilt = (BlockActs){0};
+  if (recompute) plan_rebuilt(p, &x->rebuilt, B);
+  for (int gi = 0; recompute && gi < m->num_blocks; gi++) {
+    if (!m->block_recompute[gi]) continue;
+    BlockActs *b = &x->blocks[gi];
+    void *own = b->x;
+    *b = x->rebuilt;
+    b->x = own;
+  }
   return plan.rows;
 }
 #undef ACT
@@ -407,12 +468,14 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
       g->mask_be = backend_copy(be, g->mask, sizeof(float) * (size_t)g->nW * g->N * g->N);
   }
   m->block_drop_be = backend_copy(be, m->block_drop, sizeof(float) * (size_t)m->num_blocks);
-  Arena counting = {.name = "activations (counting)"};
-  m->num_acts = plan_activations(m, &counting, max_batch);
+  Arena counting = {.name = "activations (counting)"}, without = counting;
+  plan_activations(m, &without, max_batch, false);
+  m->num_acts = plan_activations(m, &counting, max_batch, true);
+  m->acts_saved_bytes = without.used > counting.used ? without.used - counting.used : 0;
   m->act_table = calloc_check((size_t)m->num_acts, sizeof(Tensor));
   arena_init_at(&m->acts_arena, "activations", be->device, ops->alloc(be, counting.used),
                 counting.used);
-  plan_activations(m, &m->acts_arena, max_batch);
+  plan_activations(m, &m->acts_arena, max_batch, true);
   register_regions(m);
   BackendNeeds needs = backend_needs(m, max_batch);
   ops->reserve(be, &needs);
@@ -448,6 +511,7 @@ void model_destroy(Model *m) {
     be->ops->release(be, m->acts_arena.base);
   }
   free(m->block_drop);
+  free(m->block_recompute);
   free(m->params);
   free(m->weights);
   free(m->w.blocks);
@@ -563,9 +627,9 @@ static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
   }
 }
 
-// The rest of block j: attention branch with its residual + LN2, then the MLP up to fc2, whose
-// output waits in x->branch for the next residual.
-static void block_forward(Model *m, const StageGeom *g, int j, int B) {
+// Block j from LN1's windows (in x->xw) to the MLP's hidden layer: the attention branch with its
+// residual + LN2, then fc1 + GELU (x->hidden, pre-activation in a->fc1).
+static void block_forward_to_hidden(Model *m, const StageGeom *g, int j, int B) {
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
   Activations *x = &m->acts;
@@ -588,8 +652,17 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
                                   NULL, B, L, C);
   ops->linear_forward(be, x->hidden, x->ln2, model_compute_weight(m, w->fc1_w),
                       model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
-  ops->linear_forward(be, x->branch, x->hidden, model_compute_weight(m, w->fc2_w),
-                      model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
+}
+
+// The rest of block j after LN1: up to the hidden layer, then fc2, whose output waits in
+// x->branch for the next residual.
+static void block_forward(Model *m, const StageGeom *g, int j, int B) {
+  const BlockWeights *w = &m->w.blocks[g->first_block + j];
+  int64_t BL = (int64_t)B * g->H * g->W;
+  block_forward_to_hidden(m, g, j, B);
+  m->be->ops->linear_forward(m->be, m->acts.branch, m->acts.hidden,
+                             model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b),
+                             BL, g->hidden, g->C, ACTIVATION_NONE, NULL);
 }
 
 static const char *const stage_names[CONFIG_MAX_STAGES] = {
@@ -688,10 +761,30 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
 // backward, the patch embedding's from its LayerNorm's backward; their linear_backward calls
 // then take no dbias.
 
+// A recomputed block's forward again (train.recompute), right before its backward: LN1 of its
+// kept input x (which the forward stored before normalizing the stored value, so LN1 alone
+// gives the windows and statistics the fused residual + LN1 gave), then up to the hidden layer,
+// into the shared set its views point to and the shared buffers, with the drop-path scales the
+// forward drew. The same ops on the same inputs: the same bits. fc2's output is not needed by
+// the backward (its input is) and is not rebuilt.
+static void block_recompute(Model *m, const StageGeom *g, int j, int B) {
+  NVTX_PUSH("recompute");
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  const BlockActs *a = &m->acts.blocks[gi];
+  WindowMap wm = block_windows(g, j);
+  m->be->ops->residual_layernorm_forward(m->be, NULL, m->acts.xw, a->ln1_mean, a->ln1_rstd, a->x,
+                                         NULL, NULL, NULL, w->norm1_w, w->norm1_b, &wm, B,
+                                         (int64_t)g->H * g->W, g->C);
+  block_forward_to_hidden(m, g, j, B);
+  NVTX_POP();
+}
+
 // Block j from d(its fc2 output) in dbranch (its column sums already in fc2's bias gradient) and
 // d(x1) in dres, down to the gradient of LN1's output (window order) in dln; dres then holds d(x)
-// from the attention residual alone.
-static void block_backward(Model *m, const StageGeom *g, int j, int B) {
+// from the attention residual alone. rebuilt: block_recompute has just run, so LN1's and LN2's
+// outputs are still in xw and ln2 (nothing in between writes them) and are not computed again.
+static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebuilt) {
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
   Activations *x = &m->acts;
@@ -708,8 +801,9 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
   // attention residual; LN2's output is recomputed from its input first.
   ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
                             model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
-  ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
-                                  NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
+  if (!rebuilt)
+    ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
+                                    NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
   ops->linear_backward(be, x->dln, gw->fc1_w, NULL, x->dhidden, x->ln2,
                        model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
   ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->proj_b, gw->norm2_w, gw->norm2_b,
@@ -720,8 +814,9 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B) {
                        model_compute_weight(m, w->proj_w), BL, C, C);
   ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, a->attn_out,
                           w->rel_table, g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
-  ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL, NULL,
-                                  w->norm1_w, w->norm1_b, &wm, B, L, C);
+  if (!rebuilt)
+    ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
+                                    NULL, w->norm1_w, w->norm1_b, &wm, B, L, C);
   ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, x->xw,
                        model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
 }
@@ -789,7 +884,9 @@ void model_backward(Model *m, int B) {
       ops->residual_layernorm_backward(be, x->dres, x->dbranch, fc2_bias, NULL, NULL, x->dres, NULL,
                                        NULL, NULL, NULL, NULL, NULL, scale, NULL, B, L, g->C);
     for (int j = g->depth - 1; j >= 0; j--) {
-      block_backward(m, g, j, B);
+      bool rebuilt = m->block_recompute[g->first_block + j];
+      if (rebuilt) block_recompute(m, g, j, B);
+      block_backward(m, g, j, B, rebuilt);
       block_norm1_backward(m, g, j, B);
       grads_final_from(m, gw->blocks[g->first_block + j].norm1_w);  // the block's first tensor
     }
@@ -920,4 +1017,23 @@ void model_print_summary(const Model *m, FILE *out) {
           "-", "-", "-", "-", "-", count);
   format_count(count, sizeof count, m->num_values);
   fprintf(out, "parameters: %s (%d tensors)\n", count, m->num_params);
+  char recompute[256];
+  model_describe_recompute(m, recompute, sizeof recompute);
+  fprintf(out, "recompute: %s\n", recompute);
+}
+
+void model_describe_recompute(const Model *m, char *buf, size_t size) {
+  int r = m->cfg.recompute;
+  if (m->num_recomputed == 0) {
+    snprintf(buf, size, "none (every block keeps its activations)");
+    return;
+  }
+  char which[96];
+  if (r < 0)
+    snprintf(which, sizeof which, "all %d blocks (train.recompute=all)", m->num_recomputed);
+  else
+    snprintf(which, sizeof which,
+             "the first %d block%s of each stage, %d of %d (train.recompute=%d)", r,
+             r == 1 ? "" : "s", m->num_recomputed, m->num_blocks, r);
+  snprintf(buf, size, "%s: each keeps its input and runs its forward again in the backward", which);
 }

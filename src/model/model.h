@@ -85,6 +85,14 @@ typedef struct {
 // to recompute than to keep is not kept: the LayerNorm outputs (from their input and saved
 // statistics: the recomputation is deterministic, so it writes the same bits) and the GELU
 // output (from its input) are rebuilt in the backward in shared buffers (Activations).
+//
+// Activation checkpointing (train.recompute): a recomputed block keeps only x, its input on the
+// residual stream (its drop-path scales live in drop_scales for every block). Its other views
+// point into Activations.rebuilt, one set shared by every recomputed block, which the forward
+// writes in passing and the backward fills again, right before the block's backward, by running
+// the block's forward once more from x: the same ops on the same inputs, so the same bits. The
+// LayerNorm statistics are not kept either: the LayerNorm that rebuilds LN1's windows (and the
+// attention residual's LN2) computes them anyway.
 typedef struct {
   void *x;                     // block input (B, L, C) act: LN1's input
   float *ln1_mean, *ln1_rstd;  // (B*L)
@@ -110,6 +118,9 @@ typedef struct {
   float *pooled;       // (B, C_last)
   float *logits;       // (B, classes)
   float *drop_scales;  // (2 * blocks, B): the blocks' dp_attn and dp_mlp
+  // The saved-activation views every recomputed block points to (x unused): one set, each
+  // buffer flat and sized for the largest stage that has a recomputed block; NULL without.
+  BlockActs rebuilt;
   // Short-lived buffers, reused by every block.
   void *xw;        // LN1 output in window order (B*nW, N, C) act, forward and recomputed
   void *ln2;       // LN2 output (B, L, C) act, forward and recomputed
@@ -132,6 +143,10 @@ typedef struct {
   StageGeom stages[CONFIG_MAX_STAGES];
   float *block_drop;  // drop-path rate per block (linear from 0 to drop_path_rate), host
   float *block_drop_be;
+  // Activation checkpointing (train.recompute): per block (host), whether it keeps only its
+  // input and runs its forward again in the backward (BlockActs).
+  bool *block_recompute;
+  int num_recomputed;
 
   Param *params;
   int num_params;
@@ -152,6 +167,7 @@ typedef struct {
   void (*grads_ready)(void *ctx, int64_t lowest_offset);
   void *grads_ready_ctx;
   Arena acts_arena;
+  size_t acts_saved_bytes;  // what recompute saves of the activation arena (0 without)
   Activations acts;
   // The activation table: every buffer of acts as a tensor (name, dtype, shape, its memory in
   // acts_arena), in the order planned; the shared buffers are flat. NULL without a backend.
@@ -214,8 +230,11 @@ int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks);
 const Param *model_find_param(const Model *m, const char *name);
 // Parameter i as a tensor over the flat host buffer base (num_floats: weights, moments).
 Tensor model_param_view(const Model *m, int i, const float *base);
-// Prints the per-stage table and the parameter count.
+// Prints the per-stage table, the parameter count and what train.recompute rebuilds.
 void model_print_summary(const Model *m, FILE *out);
+// What train.recompute makes of this model, for the start-up lines: "none", or which blocks,
+// how many of them, what they keep and what it saves.
+void model_describe_recompute(const Model *m, char *buf, size_t size);
 // Bytes of backend memory the model holds: weights (master + compute copy), gradients,
-// activations.
+// activations (with recompute's savings: acts_saved_bytes).
 void model_memory(const Model *m, size_t *weights, size_t *grads, size_t *activations);
