@@ -3,6 +3,7 @@
 #include "data/batch_augment.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define PI_DOUBLE 3.14159265358979323846
@@ -125,10 +126,11 @@ void batch_augment_soft_targets_fill(float *targets, const int *labels, int B, i
   }
 }
 
-static MixParams draw_mix(const BatchAugmentOptions *o, const Batch *b, int H, int W) {
+static MixParams draw_mix(const BatchAugmentOptions *o, const Batch *b, int part, int parts, int H,
+                          int W) {
   MixParams m = {.mode = MIX_NONE, .lam = 1.0};
   Rng r = rng_make(o->seed, RNG_STREAM_MIXUP + 256u * (uint32_t)o->rank, (uint64_t)b->epoch,
-                   (uint64_t)b->index);
+                   (uint64_t)b->index * (uint64_t)parts + (uint64_t)part);
   if (!batch_augment_soft_targets(o) || !(rng_uniform_double(&r) < o->mix_prob)) return m;
   bool cutmix = o->cutmix_alpha > 0;
   if (o->mixup_alpha > 0 && o->cutmix_alpha > 0) cutmix = rng_uniform_double(&r) < o->switch_prob;
@@ -143,32 +145,38 @@ static MixParams draw_mix(const BatchAugmentOptions *o, const Batch *b, int H, i
   return batch_augment_cutmix_box(lam, H, W, cy, cx);
 }
 
-int batch_augment_draw(const BatchAugmentOptions *o, const Batch *b, int H, int W, EraseBox *erase,
-                       BatchAugment *out, float *soft_targets, Error *err) {
-  int B = b->count;
+int batch_augment_draw(const BatchAugmentOptions *o, const Batch *b, int part, int parts, int H,
+                       int W, EraseBox *erase, BatchAugment *out, float *soft_targets, Error *err) {
+  int B = b->count / parts;
+  const int *labels = b->labels + (int64_t)part * B;
+  const int64_t *samples = b->samples + (int64_t)part * B;
   bool soft = batch_augment_soft_targets(o);
-  if (soft && B % 2 != 0)
+  if (soft && B % 2 != 0) {
+    char which[48] = "";
+    if (parts > 1) snprintf(which, sizeof which, "micro-batch %d of ", part);
     return error_set(err,
-                     "mixup/cutmix pair sample b with sample B-1-b, but batch %lld of epoch %lld "
-                     "has %d samples (odd)\nHINT: use an even train.batch_size per rank",
-                     (long long)b->index, (long long)b->epoch, B);
+                     "mixup/cutmix pair sample b with sample B-1-b, but %sbatch %lld of epoch "
+                     "%lld has %d samples (odd)\nHINT: use an even train.batch_size per rank and "
+                     "micro-batch",
+                     which, (long long)b->index, (long long)b->epoch, B);
+  }
   for (int j = 0; j < B; j++)
-    if (b->labels[j] < 0 || b->labels[j] >= o->num_classes)
+    if (labels[j] < 0 || labels[j] >= o->num_classes)
       return error_set(err, "batch %lld: label %d of sample %lld is outside [0, %d)",
-                       (long long)b->index, b->labels[j], (long long)b->samples[j], o->num_classes);
+                       (long long)b->index, labels[j], (long long)samples[j], o->num_classes);
   out->erase = NULL;
   if (o->reprob > 0) {
     for (int j = 0; j < B; j++) {
-      uint64_t epoch = (uint64_t)b->epoch, sample = (uint64_t)b->samples[j];
+      uint64_t epoch = (uint64_t)b->epoch, sample = (uint64_t)samples[j];
       Rng r = rng_make(o->seed, RNG_STREAM_ERASE, epoch, sample);
       erase[j] = batch_augment_erase_box(o->reprob, H, W, &r);
       erase[j].fill = rng_make(o->seed, RNG_STREAM_ERASE_FILL, epoch, sample);
     }
     out->erase = erase;
   }
-  out->mix = draw_mix(o, b, H, W);
+  out->mix = draw_mix(o, b, part, parts, H, W);
   if (soft && soft_targets)
-    batch_augment_soft_targets_fill(soft_targets, b->labels, B, o->num_classes, out->mix.lam,
+    batch_augment_soft_targets_fill(soft_targets, labels, B, o->num_classes, out->mix.lam,
                                     o->smoothing);
   return 0;
 }

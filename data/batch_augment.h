@@ -4,7 +4,9 @@
 //
 // Draws are counter-based (src/base/rng.h), so they depend on the data position, never on threads:
 //   erasing, sample s of epoch e:  (seed, RNG_STREAM_ERASE, e, s), fill (.., ERASE_FILL, e, s);
-//   mixup, batch k of epoch e on rank r: (seed, RNG_STREAM_MIXUP + 256 r, e, k).
+//   mixup, batch k of epoch e on rank r: (seed, RNG_STREAM_MIXUP + 256 r, e, k); with gradient
+//   accumulation (train.accum_steps N > 1), micro-batch j of batch k: (.., e, k N + j), so each
+//   micro-batch draws its own, as timm's loader batches do when it accumulates.
 // The semantics are timm's:
 //   RandomErasing(probability=reprob, mode='pixel', max_count=1): with probability reprob, up to
 //     10 tries of an area U(0.02, 1/3) of the image and a log-uniform aspect in [0.3, 1/0.3];
@@ -19,11 +21,12 @@
 //     onehot_s = (1 - s + s/K on the label, s/K elsewhere), in fp32 like PyTorch's
 //     mixup_target; the loss then takes them with smoothing 0.
 //
-// The training step, once per batch b (B = b->count, images (B, H, W, C) normalized):
+// The training step, once per batch b (B = b->count, images (B, H, W, C) normalized; with
+// accumulation, once per micro-batch of it, B its size):
 //   setup:  opts = batch_augment_options(cfg, rank); if batch_augment_active(&opts): EraseBox
 //           boxes[batch] (host), plus on the GPU a device EraseBox[batch]; if
 //           batch_augment_soft_targets(&opts): soft (batch, K) on the host (+ its device copy).
-//   step:   normalize; batch_augment_draw(&opts, b, H, W, boxes, &aug, soft, err);
+//   step:   normalize; batch_augment_draw(&opts, b, 0, 1, H, W, boxes, &aug, soft, err);
 //           batch_augment_cpu(images, &aug, B, H, W, C)  or
 //           batch_augment_cuda(d_images, &aug, d_boxes, B, H, W, C, stream) (+ upload soft);
 //           forward; loss with soft targets and smoothing 0 when soft targets are on, else with
@@ -56,13 +59,15 @@ bool batch_augment_active(const BatchAugmentOptions *o);
 // Whether the loss takes soft targets (mixup or cutmix on) instead of hard labels.
 bool batch_augment_soft_targets(const BatchAugmentOptions *o);
 
-// Draws the augmentation of training batch b (b->count samples of H x W): erase (b->count)
-// receives the boxes, out the parameters for batch_augment_cpu / batch_augment_cuda (out->erase
-// points at erase, or is NULL when erasing is off), and soft_targets (b->count, num_classes),
-// when mixup or cutmix is on, the targets for the loss (may be NULL otherwise). Errors: an odd
-// batch with mixup/cutmix on, a label outside [0, num_classes).
-int batch_augment_draw(const BatchAugmentOptions *o, const Batch *b, int H, int W, EraseBox *erase,
-                       BatchAugment *out, float *soft_targets, Error *err);
+// Draws the augmentation of micro-batch `part` of `parts` of training batch b (images H x W):
+// its n = b->count / parts samples [part n, (part + 1) n) (the whole batch with part 0 of 1; the
+// pairs of mixup / cutmix are formed within it). erase (n) receives the boxes, out the parameters
+// for batch_augment_cpu / batch_augment_cuda (out->erase points at erase, or is NULL when erasing
+// is off), and soft_targets (n, num_classes), when mixup or cutmix is on, the targets for the loss
+// (may be NULL otherwise). Errors: an odd micro-batch with mixup/cutmix on, a label outside [0,
+// num_classes).
+int batch_augment_draw(const BatchAugmentOptions *o, const Batch *b, int part, int parts, int H,
+                       int W, EraseBox *erase, BatchAugment *out, float *soft_targets, Error *err);
 
 // The pieces, exposed for tests and fixtures.
 // timm's erase box for an H x W image from r; h = w = 0 when the sample is not erased.

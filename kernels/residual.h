@@ -32,13 +32,12 @@ void mean_pool_backward_cpu(float *dinp, const float *dout, int B, int L, int C)
 // CUDA forms (device pointers, launched on `stream`, no synchronization). The residual add is
 // fused into the LayerNorm kernels on the GPU (kernels/layernorm.h), so only these remain:
 // Drop-path scales (units, B): scale of unit u, sample b is 0 or 1 / keep with keep = 1 -
-// rates[u / 2], drawn from rng_u32_at(seed, RNG_STREAM_DROP_PATH, *step, u, first_sample + b) as
-// the CPU model draws them (the same bits); first_sample is the global index of sample 0. The
-// step index is read from device memory when the kernel runs (a captured step replays with
-// each step's own).
-void drop_path_scales_cuda(float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, const int64_t *step,
-                           cudaStream_t stream);
+// rates[u / 2], drawn from rng_u32_at(seed, RNG_STREAM_DROP_PATH, *step, u, *first_sample + b)
+// as the CPU model draws them (the same bits); *first_sample is the global index of sample 0.
+// The step index and the first sample are read from device memory when the kernel runs (a
+// captured step replays with each step's and micro-batch's own).
+void drop_path_scales_cuda(float *scales, const float *rates, int units, int B, uint64_t seed,
+                           const int64_t *step, const int64_t *first_sample, cudaStream_t stream);
 // Mean pool with inp (B, L, C) and dinp of element type dt, out and dout f32; the forward sums
 // its L tokens in double in order, as the CPU.
 void mean_pool_forward_cuda(DType dt, float *out, const void *inp, int B, int L, int C,

@@ -17,9 +17,10 @@
 
 typedef struct {
   double grad_norm;     // last step's global gradient norm (unscaled, before clipping)
-  double loss_sum;      // sum of the finite step losses since the host last cleared it
-  int64_t loss_steps;   // steps summed into loss_sum
-  int64_t bad_losses;   // steps whose loss was not finite, since the host last cleared it
+  double loss_sum;      // sum of the finite losses (each a batch's or micro-batch's mean) since
+                        // the host last cleared it
+  int64_t loss_steps;   // losses summed into loss_sum (steps x train.accum_steps)
+  int64_t bad_losses;   // losses that were not finite, since the host last cleared it
   int64_t adam_steps;   // updates applied: AdamW's bias-correction step t
   int64_t skipped;      // steps skipped because the gradient was not finite, all time
   int64_t skipped_run;  // steps skipped in a row up to the last one

@@ -256,11 +256,11 @@ static void test_draw(void) {
   for (int i = 0; i < 400; i++) {
     batch.index = i;
     for (int b = 0; b < B; b++) samples[b] = (int64_t)i * B + b;  // erasing is keyed per sample
-    if (batch_augment_draw(&o, &batch, H, W, boxes, &p, targets, &err) != 0) {
+    if (batch_augment_draw(&o, &batch, 0, 1, H, W, boxes, &p, targets, &err) != 0) {
       test_check(0, "draw: %s", err.msg);
       return;
     }
-    batch_augment_draw(&o, &batch, H, W, boxes2, &p2, targets2, &err);
+    batch_augment_draw(&o, &batch, 0, 1, H, W, boxes2, &p2, targets2, &err);
     deterministic &= memcmp(boxes, boxes2, sizeof boxes) == 0 && p.mix.lam == p2.mix.lam &&
                      memcmp(targets, targets2, sizeof targets) == 0;
     mixup += p.mix.mode == MIX_MIXUP;
@@ -274,16 +274,52 @@ static void test_draw(void) {
   test_check(abs(erased - 800) < 120 && deterministic,
              "draw: %d of 3200 samples erased (~800); the same batch draws the same", erased);
   o.mix_prob = 0;
-  batch_augment_draw(&o, &batch, H, W, boxes, &p, targets, &err);
+  batch_augment_draw(&o, &batch, 0, 1, H, W, boxes, &p, targets, &err);
   test_check(p.mix.mode == MIX_NONE && p.mix.lam == 1 && fabsf(targets[0] - 0.91f) < 1e-6f,
              "draw: mix_prob 0 leaves the batch alone, targets are smoothed one-hots");
+  // Micro-batch j of 2 (gradient accumulation): samples [4j, 4j + 4) erased as in the whole batch
+  // (keyed per sample), mixed within the micro-batch with its own draw, keyed as batch 2i + j of
+  // one part (so micro-batches differ and every step's pair of draws is new).
+  o.mix_prob = 1.0f;
+  EraseBox part_boxes[B / 2];
+  float part_targets[B / 2 * K], alone_targets[B / 2 * K];
+  BatchAugment q, alone;
+  batch_augment_draw(&o, &batch, 0, 1, H, W, boxes, &p, targets, &err);
+  bool same_boxes = true, same_mix = true, distinct = false;
+  MixParams mixes[2];
+  for (int j = 0; j < 2; j++) {
+    if (batch_augment_draw(&o, &batch, j, 2, H, W, part_boxes, &q, part_targets, &err) != 0) {
+      test_check(0, "draw of micro-batch %d: %s", j, err.msg);
+      return;
+    }
+    same_boxes &= memcmp(part_boxes, boxes + j * (B / 2), sizeof part_boxes) == 0;
+    Batch as_batch = batch;  // the micro-batch as a batch of its own, index 2i + j
+    as_batch.labels = labels + j * (B / 2);
+    as_batch.samples = samples + j * (B / 2);
+    as_batch.count = B / 2;
+    as_batch.index = batch.index * 2 + j;
+    batch_augment_draw(&o, &as_batch, 0, 1, H, W, part_boxes, &alone, alone_targets, &err);
+    same_mix &= memcmp(&q.mix, &alone.mix, sizeof q.mix) == 0 &&
+                memcmp(part_targets, alone_targets, sizeof part_targets) == 0;
+    mixes[j] = q.mix;
+  }
+  distinct = mixes[0].lam != mixes[1].lam;
+  test_check(same_boxes && same_mix && distinct,
+             "draw of 2 micro-batches: the batch's erase boxes, each mixed within itself as "
+             "batch 2i + j (lam %.4f, %.4f)",
+             mixes[0].lam, mixes[1].lam);
+  o.mix_prob = 0;
   batch.count = 7;
-  test_check(batch_augment_draw(&o, &batch, H, W, boxes, &p, targets, &err) != 0 &&
+  test_check(batch_augment_draw(&o, &batch, 0, 1, H, W, boxes, &p, targets, &err) != 0 &&
                  strstr(err.msg, "odd") && strstr(err.msg, "HINT"),
              "draw: an odd batch with mixup is refused");
+  batch.count = 6;
+  test_check(batch_augment_draw(&o, &batch, 1, 2, H, W, boxes, &p, targets, &err) != 0 &&
+                 strstr(err.msg, "micro-batch 1 of batch") && strstr(err.msg, "3 samples (odd)"),
+             "draw: an odd micro-batch with mixup is refused, naming it (%s)", err.msg);
   batch.count = B;
   labels[3] = K;
-  test_check(batch_augment_draw(&o, &batch, H, W, boxes, &p, targets, &err) != 0 &&
+  test_check(batch_augment_draw(&o, &batch, 0, 1, H, W, boxes, &p, targets, &err) != 0 &&
                  strstr(err.msg, "label 10"),
              "draw: a label outside [0, K) is refused");
 }

@@ -96,11 +96,11 @@ static void run_steps(Run *r, Backend *be, const Config *c) {
     be->ops->images_normalize(be, r->images, r->pixels, norm, BATCH, c->img_h, c->img_w,
                               c->in_chans);
     be->ops->batch_augment(be, r->images, &mixup, NULL, BATCH, c->img_h, c->img_w, c->in_chans);
-    learner_set_step(&r->m, &r->o, step, 1e-3f);
+    learner_set_step(&r->m, &r->o, step, 1e-3f, 0);
     StepBatch batch = {.images = r->images, .images_dtype = DTYPE_F32, .labels = r->labels};
-    learner_step(&r->m, &r->o, c, norm, &batch, BATCH, 0);
+    learner_run(&r->m, &r->o, c, norm, &batch, BATCH, STEP_WHOLE);
   }
-  model_forward(&r->m, r->pixels, DTYPE_U8, norm, BATCH, false, c->seed, NULL, 0);
+  model_forward(&r->m, r->pixels, DTYPE_U8, norm, BATCH, false, c->seed, NULL);
   be->ops->eval_metrics(be, r->sums, r->m.acts.logits, r->labels, BATCH, c->num_classes);
   be->ops->to_compute(be, r->m.compute, r->m.master, r->m.num_floats);
 }

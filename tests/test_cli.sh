@@ -58,6 +58,16 @@ expect "bad value names key and line" 1 "badval\.ini:2: bad value 'fast' for key
 expect "bad override names the command line" 1 "command line.*model\.depths" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" model.depths=2,x
 expect "override without =" 1 "key=value" -- "$bin" --dry-run "$src/configs/swin_tiny.ini" train.lr
+expect "a batch that does not split into train.accum_steps micro-batches" 1 \
+  "train\.batch_size = 1024 does not divide into train\.accum_steps = 3 micro-batches" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" train.accum_steps=3
+expect "gradient accumulation: the start-up line says the split" 0 \
+  "batch: 16 images a step = 4 micro-batches x 4 \(train\.accum_steps = 4" -- \
+  "$bin" "$src/tests/tiny_fashion.ini" data.dataset=synthetic device=cpu train.accum_steps=4 \
+  train.max_steps=2 run_dir="$tmp/accum"
+expect "gradient accumulation: each progress line says it too" 0 "^2 lines$" -- \
+  bash -c 'echo "$("$1" "$2" data.dataset=synthetic device=cpu train.accum_steps=4 train.max_steps=2 run_dir="$3" | grep -c "step [12]/2 .*  batch 16 = 4 x 4") lines"' \
+  _ "$bin" "$src/tests/tiny_fashion.ini" "$tmp/accum_progress"
 expect "heads must divide the width" 1 "num_heads\[1\]" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" model.num_heads=3,5,12,24
 expect "image must tile into patches" 1 "patch_size" -- \

@@ -80,7 +80,7 @@ static const char *config_diff(const Config *a, const Config *b) {
     SAME(num_heads[i]);
   }
   SAME(window_size); SAME(mlp_ratio); SAME(qkv_bias); SAME(drop_path_rate); SAME(num_classes);
-  SAME(batch_size); SAME(epochs); SAME(max_steps); SAME(lr); SAME(lr_scale_batch); SAME(min_lr);
+  SAME(batch_size); SAME(accum_steps); SAME(epochs); SAME(max_steps); SAME(lr); SAME(lr_scale_batch); SAME(min_lr);
   SAME(warmup_lr); SAME(warmup_epochs); SAME(weight_decay); SAME(beta1); SAME(beta2); SAME(eps);
   SAME(clip_grad); SAME(label_smoothing); SAME(log_every); SAME(eval_every);
   SAME(eval_batch_size); SAME(recompute); SAME_STR(cuda_graphs);
@@ -116,8 +116,8 @@ static void test_defaults(void) {
        c.window_size == 7 && c.mlp_ratio == 4.0f && c.qkv_bias && c.drop_path_rate == 0.2f &&
        c.num_classes == 1000;
   test_check(ok, "defaults: [model] (swin_tiny)");
-  ok = c.batch_size == 128 && c.epochs == 300 && c.max_steps == 0 && c.lr == 5e-4f &&
-       c.lr_scale_batch == 512 && c.min_lr == 5e-6f && c.warmup_lr == 5e-7f &&
+  ok = c.batch_size == 128 && c.accum_steps == 1 && c.epochs == 300 && c.max_steps == 0 &&
+       c.lr == 5e-4f && c.lr_scale_batch == 512 && c.min_lr == 5e-6f && c.warmup_lr == 5e-7f &&
        c.warmup_epochs == 20.0f && c.weight_decay == 0.05f && c.beta1 == 0.9f &&
        c.beta2 == 0.999f && c.eps == 1e-8f && c.clip_grad == 5.0f && c.label_smoothing == 0.1f &&
        c.log_every == 50 && c.eval_every == 0 && c.eval_batch_size == 0 && c.recompute == 0 &&
@@ -189,7 +189,8 @@ static const char *full_file =
     "drop_path_rate = 0.1\n"
     "num_classes = 10\n"
     "[ train ]  ; spaces inside the brackets\n"
-    "batch_size = 64\nepochs = 12\nmax_steps = 5000000000\nlr = 1e-3\nlr_scale_batch = 0\n"
+    "batch_size = 64\naccum_steps = 2\nepochs = 12\nmax_steps = 5000000000\nlr = 1e-3\n"
+    "lr_scale_batch = 0\n"
     "min_lr = 1e-6\nwarmup_lr = 1e-7\nwarmup_epochs = 0.5\nweight_decay = 0.01\n"
     "beta1 = 0.8\nbeta2 = 0.99\neps = 1e-6\nclip_grad = 0\nlabel_smoothing = 0\n"
     "log_every = 10\neval_every = 100\neval_batch_size = 256\ncuda_graphs = off\n"
@@ -216,8 +217,8 @@ static void test_full_file(void) {
        c.window_size == 4 && c.mlp_ratio == 2.5f && !c.qkv_bias && c.drop_path_rate == 0.1f &&
        c.num_classes == 10;
   test_check(ok, "full.ini: [model] (img_size H,W, lists, bool)");
-  ok = c.batch_size == 64 && c.epochs == 12 && c.max_steps == 5000000000LL && c.lr == 1e-3f &&
-       c.lr_scale_batch == 0 && c.min_lr == 1e-6f && c.warmup_lr == 1e-7f &&
+  ok = c.batch_size == 64 && c.accum_steps == 2 && c.epochs == 12 && c.max_steps == 5000000000LL &&
+       c.lr == 1e-3f && c.lr_scale_batch == 0 && c.min_lr == 1e-6f && c.warmup_lr == 1e-7f &&
        c.warmup_epochs == 0.5f && c.weight_decay == 0.01f && c.beta1 == 0.8f && c.beta2 == 0.99f &&
        c.eps == 1e-6f && c.clip_grad == 0 && c.label_smoothing == 0 && c.log_every == 10 &&
        c.eval_every == 100 && c.eval_batch_size == 256 && strcmp(c.cuda_graphs, "off") == 0;
@@ -453,6 +454,23 @@ static void test_validate_errors(void) {
   CHECK_ERROR("mixup with an odd batch",
               VALIDATE_WITH(&err, "train.mixup=0.8", "train.batch_size=5"), &err,
               "train.batch_size must be even (it is 5)", "HINT: set train.batch_size=6");
+  // Gradient accumulation: the batch splits into train.accum_steps equal micro-batches.
+  CHECK_ERROR("a batch that does not split into the micro-batches",
+              VALIDATE_WITH(&err, "train.batch_size=100", "train.accum_steps=8"), &err,
+              "train.batch_size = 100 does not divide into train.accum_steps = 8 micro-batches",
+              "HINT: set train.batch_size to a multiple of 8 (96 or 104), or train.accum_steps "
+              "to a divisor of 100");
+  CHECK_ERROR("more micro-batches than images",
+              VALIDATE_WITH(&err, "train.batch_size=4", "train.accum_steps=8"), &err,
+              "does not divide into train.accum_steps = 8", "multiple of 8 (8)");
+  CHECK_ERROR("mixup with odd micro-batches",
+              VALIDATE_WITH(&err, "train.cutmix=1.0", "train.batch_size=12", "train.accum_steps=4"),
+              &err, "reverse of its micro-batch",
+              "train.batch_size / train.accum_steps must be even (12 / 4 = 3)",
+              "HINT: set train.batch_size=24 or train.accum_steps=2");
+  check_ok("a batch of 1024 in 8 micro-batches, with mixup",
+           VALIDATE_WITH(&err, "train.batch_size=1024", "train.accum_steps=8", "train.mixup=0.8"),
+           &err);
   check_ok("the official recipe's augmentations",
            VALIDATE_WITH(&err, "data.randaugment=rand-m9-mstd0.5-inc1", "data.reprob=0.25",
                          "train.mixup=0.8", "train.cutmix=1.0", "data.interpolation=bicubic"),
@@ -510,6 +528,11 @@ static void test_validate_errors(void) {
   c.batch_size = 0;
   CHECK_ERROR("batch_size 0 set in code", config_validate(&c, &err), &err,
               "train.batch_size = 0 is not a valid value", "HINT: expected an integer at least 1");
+  c.batch_size = 128;
+  c.accum_steps = 0;
+  CHECK_ERROR("accum_steps 0 set in code", config_validate(&c, &err), &err,
+              "train.accum_steps = 0 is not a valid value", "HINT: expected an integer at least 1");
+  c.accum_steps = 1;
   config_defaults(&c);
   c.eval_batch_size = -1;
   CHECK_ERROR("eval_batch_size -1 set in code", config_validate(&c, &err), &err,

@@ -4,6 +4,9 @@
 //   - 2 processes train what 1 process trains (losses, evaluation and weights within float
 //     tolerance: the gradient sums are grouped differently), with a negative control;
 //     `mpirun -np 1` is the single process bit for bit; a batch that does not divide is refused;
+//   - with gradient accumulation (train.accum_steps): 2 ranks x 2 micro-batches train what one
+//     process trains with 4 micro-batches and with one batch, within the same tolerance; under
+//     `mpirun -np 1` bit for bit the single process;
 //   - the shares of two epochs and of an evaluation are disjoint and complete, under mpirun -np 2
 //     and 3 (this program in --shards mode, with the trainer's own loader options);
 //   - a rank whose share holds a corrupt image ends the job within seconds, naming the rank and
@@ -13,8 +16,9 @@
 //   - SIGTERM to every rank, to one rank, or SIGUSR1 to mpirun: one checkpoint, exit 0;
 //   - configs/fashion_mnist.ini runs under mpirun -np 2;
 //   - its benchmark (bench=1) under mpirun -np 2 measures the data-parallel step: the all-reduce
-//     rows, a JSON line with world 2, global img/s; alone it is the one-process benchmark; a
-//     batch that does not divide is refused as the trainer refuses it.
+//     rows, a JSON line with world 2, global img/s; with train.accum_steps 2 the accumulating
+//     step; alone it is the one-process benchmark; a batch that does not divide is refused as the
+//     trainer refuses it.
 //
 //   test_dist_train            the checks above (ctest); it starts the jobs itself
 //   test_dist_train --shards   (under mpirun) every rank loads its shares; rank 0 checks them
@@ -125,47 +129,6 @@ static int train(const Config *c, int np) {
   return rc;
 }
 
-// The initial weights of c's model (host), for measuring how far training moved them.
-static float *initial_weights(const Config *c, Model *m) {
-  Config v = *c;
-  Error err;
-  if (config_validate(&v, &err) != 0 || model_create(m, &v, NULL, 0, &err) != 0) {
-    printf("model: %s\n", err.msg);
-    return NULL;
-  }
-  model_init_weights(m, v.seed);
-  return m->weights;
-}
-
-// ||w_a - w_b|| / ||w_b - w_0|| over every parameter of checkpoints a and b: how far apart two
-// runs ended, relative to how far training moved the weights from w_0. +inf if unreadable.
-static double weight_distance(const Model *m, const float *w0, const char *a, const char *b) {
-  SafeTensors x, y;
-  Error err;
-  if (safetensors_read(&x, a, &err) != 0) return printf("%s\n", err.msg), INFINITY;
-  if (safetensors_read(&y, b, &err) != 0)
-    return safetensors_free(&x), printf("%s\n", err.msg), INFINITY;
-  double diff = 0, moved = 0;
-  for (int i = 0; i < m->num_params; i++) {
-    const Param *p = &m->params[i];
-    const SafeTensorEntry *e = safetensors_find(&x, p->t.name),
-                          *f = safetensors_find(&y, p->t.name);
-    if (!e || !f) {
-      diff = INFINITY;
-      break;
-    }
-    const float *u = safetensors_entry_data(&x, e), *v = safetensors_entry_data(&y, f);
-    for (int64_t j = 0; j < tensor_numel(&p->t); j++) {
-      double d = (double)u[j] - v[j], g = (double)v[j] - w0[p->offset + j];
-      diff += d * d;
-      moved += g * g;
-    }
-  }
-  safetensors_free(&x);
-  safetensors_free(&y);
-  return moved > 0 ? sqrt(diff / moved) : INFINITY;
-}
-
 // The largest relative difference of the losses of steps first..last (+inf if one is missing).
 static double loss_distance(const Config *a, const Config *b, int first, int last) {
   double la[64] = {0}, lb[64] = {0}, worst = 0;
@@ -226,10 +189,10 @@ static void test_two_equal_one(void) {
              "%.6f / %.6f), rank 1's empty share of the last batch skipped",
              t2, t1, e2, e1);
   Model m;
-  float *w0 = initial_weights(&one, &m);
+  float *w0 = train_test_initial_weights(&one, &m);
   if (!w0) return;
-  double dw =
-      weight_distance(&m, w0, train_test_ckpt(two.run_dir, 6), train_test_ckpt(one.run_dir, 6));
+  double dw = train_test_weight_distance(&m, w0, train_test_ckpt(two.run_dir, 6),
+                                         train_test_ckpt(one.run_dir, 6));
   test_check(dw <= WEIGHT_TOL,
              "2 ranks vs 1: weights after 6 steps %.2e of the distance training moved them "
              "apart (tol %.0e)",
@@ -238,8 +201,8 @@ static void test_two_equal_one(void) {
   Config lr = small_config("lr_control");
   lr.lr *= 1.001f;
   test_check(train(&lr, 0) == 0, "1 process with lr x 1.001 (negative control)");
-  double dc =
-      weight_distance(&m, w0, train_test_ckpt(lr.run_dir, 6), train_test_ckpt(one.run_dir, 6));
+  double dc = train_test_weight_distance(&m, w0, train_test_ckpt(lr.run_dir, 6),
+                                         train_test_ckpt(one.run_dir, 6));
   test_check(dc > 10 * WEIGHT_TOL,
              "negative control: lr x 1.001 moves the weights %.2e apart (> 10 x tol = %.0e)", dc,
              10 * WEIGHT_TOL);
@@ -251,6 +214,51 @@ static void test_two_equal_one(void) {
   test_check(
       train_test_same_tensors(train_test_ckpt(np1.run_dir, 6), train_test_ckpt(one.run_dir, 6)),
       "mpirun -np 1 = the single process, bit for bit (weights and moments)");
+}
+
+// Gradient accumulation under mpirun: 2 ranks x 2 micro-batches of 8 train what 1 process trains
+// with 4 micro-batches of 8 and with one batch of 32 (the same images at the same global sample
+// indices; only the gradient sums are grouped differently: within tolerance). Each rank's
+// micro-batches accumulate locally and only the last one's backward all-reduces (the model's
+// reports, tests/test_step_graph.c); mpirun -np 1 with accumulation is the single process bit for
+// bit.
+static void test_accum(void) {
+  Config one = small_config("one"), two = small_config("two_accum2");
+  Config four = small_config("one_accum4"), np1 = small_config("np1_accum4");
+  two.accum_steps = 2;
+  four.accum_steps = np1.accum_steps = 4;
+  test_check(train(&two, 2) == 0, "mpirun -np 2, train.accum_steps=2 (2 x 8 per rank): 6 steps");
+  test_check(train(&four, 0) == 0, "1 process, train.accum_steps=4 (4 x 8): 6 steps");
+  char log[600];
+  char *text = job_log(log_of(&two, log, sizeof log));
+  test_check(
+      job_count(text, "16 images each per step (2 x 8)") == 1 &&
+          job_count(text, "after the last micro-batch only") == 1 &&
+          job_count(text, "batch: 32 images a step = 2 processes x 2 micro-batches x 8") == 1 &&
+          job_count(text, "batch 32 = 2 x 8 x 2 ranks") == 6 &&
+          strstr(text, "(weights identical on every rank)"),
+      "2 ranks with accumulation: the start-up lines and each progress line say 2 x 8 per "
+      "rank, the weights stay the same bits on both ranks");
+  free(text);
+  Model m;
+  float *w0 = train_test_initial_weights(&one, &m);
+  if (!w0) return;
+  const Config *others[2] = {&four, &one};
+  const char *names[2] = {"1 process x 4 micro-batches", "1 process, one batch of 32"};
+  for (int i = 0; i < 2; i++) {
+    double dl = loss_distance(&two, others[i], 1, 6);
+    double dw = train_test_weight_distance(&m, w0, train_test_ckpt(two.run_dir, 6),
+                                           train_test_ckpt(others[i]->run_dir, 6));
+    test_check(dl <= LOSS_TOL && dw <= WEIGHT_TOL,
+               "2 ranks x 2 micro-batches vs %s: losses 1..6 within %.1e (tol %.0e), weights "
+               "%.2e apart (tol %.0e)",
+               names[i], dl, LOSS_TOL, dw, WEIGHT_TOL);
+  }
+  model_destroy(&m);
+  test_check(train(&np1, 1) == 0, "mpirun -np 1, train.accum_steps=4: 6 steps");
+  test_check(
+      train_test_same_tensors(train_test_ckpt(np1.run_dir, 6), train_test_ckpt(four.run_dir, 6)),
+      "mpirun -np 1 with accumulation = the single process with accumulation, bit for bit");
 }
 
 static void test_batch_must_divide(void) {
@@ -302,10 +310,10 @@ static void test_resume(void) {
              "another world size: the resume says so");
   free(text);
   Model m;
-  float *w0 = initial_weights(&two, &m);
+  float *w0 = train_test_initial_weights(&two, &m);
   if (!w0) return;
-  double dw =
-      weight_distance(&m, w0, train_test_ckpt(one.run_dir, 6), train_test_ckpt(two.run_dir, 6));
+  double dw = train_test_weight_distance(&m, w0, train_test_ckpt(one.run_dir, 6),
+                                         train_test_ckpt(two.run_dir, 6));
   double dl = loss_distance(&one, &two, 4, 6);
   test_check(dw <= WEIGHT_TOL && dl <= LOSS_TOL,
              "1 process continues the 2-rank run: weights %.2e apart (tol %.0e), losses 4..6 "
@@ -522,6 +530,23 @@ static void test_bench(void) {
   if (rc != 0) job_show_log(log);
   free(text);
 
+  // With accumulation: the step is 2 micro-batches of 8 per rank, img/s still counts 32 a step.
+  snprintf(log, sizeof log, "%s/bench_accum.log", tmp_root);
+  rc = job_run(2, "./swin_train", log, &took, config, "bench=1", "device=cpu", "bench.steps=2",
+               "bench.warmup=1", "threads=1", "train.batch_size=32", "train.accum_steps=2",
+               (const char *)NULL);
+  text = job_log(log);
+  json = bench_json(text);
+  test_check(rc == 0 && json && strstr(text, "batch 32 (2 processes x 2 micro-batches x 8)") &&
+                 job_json_number(json, "accum_steps") == 2 &&
+                 job_json_number(json, "batch_per_rank") == 16 &&
+                 job_count(text, "    all-reduce exposed ") == 1,
+             "bench=1 under mpirun -np 2 with train.accum_steps=2: the accumulating step, 2 "
+             "micro-batches of 8 per rank (exit %d)",
+             rc);
+  if (rc != 0 || !json) job_show_log(log);
+  free(text);
+
   snprintf(log, sizeof log, "%s/bench_three.log", tmp_root);
   rc = job_run(3, "./swin_train", log, &took, config, "bench=1", "device=cpu", "bench.steps=2",
                "threads=1", (const char *)NULL);
@@ -683,6 +708,7 @@ int main(int argc, char **argv) {
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_dist_train_XXXXXX");
   if (!mkdtemp(tmp_root)) return 1;
   test_two_equal_one();
+  test_accum();
   test_batch_must_divide();
   test_resume();
   test_shards(2);

@@ -95,7 +95,7 @@ int main(void) {
   Error err;
   for (int index = 5; index < 7; index++) {
     batch.index = index;
-    if (batch_augment_draw(&o, &batch, 224, 224, boxes, &p, NULL, &err) != 0) {
+    if (batch_augment_draw(&o, &batch, 0, 1, 224, 224, boxes, &p, NULL, &err) != 0) {
       test_check(0, "FAIL draw: %s", err.msg);
       break;
     }

@@ -7,6 +7,9 @@
 //     a replayed CUDA graph with the all-reduces inside it (train.cuda_graphs=auto), and the
 //     same run with train.cuda_graphs=off gives the same bits.
 //   - dist.reduce_dtype=bf16 rounds the gradients to bf16 on the way: close to the fp32 run.
+//   - With gradient accumulation (train.accum_steps 2) one rank through NCCL is the single process
+//     with the same accumulation bit for bit, with graphs on (the all-reduce inside the last
+//     micro-batch's graph) and off.
 //   - With two or more GPUs: two ranks with the same global batch train what one GPU trains
 //     (within bf16 tolerance), their weights stay the same bits (the trainer compares them at
 //     every checkpoint), and a 2-rank run resumes bit-identically.
@@ -124,6 +127,35 @@ static void test_one_rank(const Config *alone) {
   test_check(d < 0.01, "bf16 gradients: losses 1..6 within %.2e of the fp32 run (tol 1e-2)", d);
 }
 
+// Gradient accumulation through NCCL: one rank with 2 micro-batches per step, the all-reduce in
+// the last micro-batch's graph only, trains what the single GPU process trains with the same
+// accumulation, bit for bit, with graphs on (10 of 12 micro-batches replayed) and off.
+static void test_one_rank_accum(void) {
+  Config alone = gpu_config("alone_accum2", "fp32"), np1 = gpu_config("np1_accum2", "fp32");
+  Config plain = gpu_config("np1_accum2_plain", "fp32");
+  alone.accum_steps = np1.accum_steps = plain.accum_steps = 2;
+  snprintf(plain.cuda_graphs, sizeof plain.cuda_graphs, "off");
+  test_check(train_test_run(&alone) == 0, "the single GPU process, train.accum_steps=2: 6 steps");
+  char log[700];
+  test_check(train_ranks(&np1, 1, log, sizeof log) == 0, "mpirun -np 1, train.accum_steps=2");
+  char *text = job_log(log);
+  test_check(strstr(text, "16 images each per step (2 x 16)") &&
+                 strstr(text, "after the last micro-batch only") &&
+                 strstr(text, "cuda graphs: on (2 graphs of ") &&
+                 strstr(text, "10 of 12 micro-batches replayed"),
+             "1 rank with accumulation: the banner, and the two parts replayed as graphs (10 of "
+             "12 micro-batches)");
+  free(text);
+  test_check(train_ranks(&plain, 1, log, sizeof log) == 0,
+             "mpirun -np 1, train.accum_steps=2, train.cuda_graphs=off");
+  test_check(
+      train_test_same_tensors(train_test_ckpt(np1.run_dir, 6), train_test_ckpt(plain.run_dir, 6)),
+      "1 rank with accumulation: the replayed graphs (NCCL in the last part) = plain launches");
+  test_check(
+      train_test_same_tensors(train_test_ckpt(np1.run_dir, 6), train_test_ckpt(alone.run_dir, 6)),
+      "1 rank with accumulation through NCCL = the single GPU process with it, bit for bit");
+}
+
 static void test_two_ranks(const Config *alone) {
   Config two = gpu_config("np2", "fp32");
   char log[700];
@@ -200,6 +232,7 @@ int main(void) {
   Config alone = gpu_config("alone", "fp32");
   test_check(train_test_run(&alone) == 0, "the single GPU process (no launcher): 6 steps");
   test_one_rank(&alone);
+  test_one_rank_accum();
   test_bench(&alone, 1);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus >= 2) {

@@ -68,7 +68,7 @@ static void train_loss_on(Backend *be, const Batches *b, int K, OptimState init,
     float *logits = be_copy_f32(be, b->logits[i], n);
     int *labels = (int *)be_copy_bytes(be, b->labels[i], sizeof(int) * BATCH);
     float *dlogits = be_poisoned_f32(be, n);
-    be->ops->train_loss(be, dlogits, logits, labels, NULL, 0.1f, BATCH, K, st);
+    be->ops->train_loss(be, dlogits, logits, labels, NULL, 0.1f, BATCH, K, BATCH, st);
     be_read_f32(be, dlogits_h[i], dlogits, n);
     be->ops->download(be, &st_h[i], st, sizeof *st);
     be_free(be, logits);

@@ -116,11 +116,11 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
   Normalize norm = {{0}, {0}};
   for (int c = 0; c < cfg->in_chans; c++) norm.mean[c] = cfg->mean[0], norm.std[c] = cfg->std[0];
 
-  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, step, 0);
+  model_forward(&m, pixels, DTYPE_U8, norm, B, true, 11, step);
   be->ops->train_loss(be, m.acts.dlogits, m.acts.logits, labels, NULL, cfg->label_smoothing, B,
-                      cfg->num_classes, state);
+                      cfg->num_classes, B, state);
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
 
   int64_t K = (int64_t)B * cfg->num_classes;
   r.logits = malloc(sizeof(float) * (size_t)K);

@@ -285,9 +285,10 @@ static void run_drop_path_scales(OpRun *r, const void *arg) {
   const int64_t n = (int64_t)c->units * c->B;
   const uint64_t seed = test_rng_u64(&r->rng);
   float *rates = dev_f32(r, draw_f32(r, (c->units + 1) / 2, 0.1f, 0.5f), (c->units + 1) / 2);
-  StepParams *step = keep_dev(r, be_step_params(r->be, c->step, 1e-3f));
+  const StepParams values = {.step = c->step, .first_sample = c->first_sample, .lr = 1e-3f};
+  StepParams *step = keep_dev(r, be_copy_bytes(r->be, &values, sizeof values));
   float *scales = dev_poisoned_f32(r, n);  // (units, B)
-  r->be->ops->drop_path_scales(r->be, scales, rates, c->units, c->B, c->first_sample, seed, step);
+  r->be->ops->drop_path_scales(r->be, scales, rates, c->units, c->B, seed, step);
   result_f32(r, "scales", scales, n);
 }
 
@@ -317,7 +318,7 @@ static void run_batch_augment(OpRun *r, const void *arg) {
   EraseBox *boxes = keep_host(r, calloc_check((size_t)c->B, sizeof(EraseBox)));
   BatchAugment aug;
   Error err;
-  if (batch_augment_draw(&o, &batch, c->H, c->W, boxes, &aug, NULL, &err) != 0)
+  if (batch_augment_draw(&o, &batch, 0, 1, c->H, c->W, boxes, &aug, NULL, &err) != 0)
     setup_failed(err.msg);
   float *images = dev_f32(r, draw_f32(r, n, -2.5f, 2.5f), n);  // (B, H, W, C), in place
   EraseBox *dev_boxes = keep_dev(r, r->be->ops->alloc(r->be, sizeof(EraseBox) * (size_t)c->B));
@@ -636,6 +637,7 @@ typedef struct {
   int B, K;
   bool soft;  // soft targets (mixup), else hard labels with smoothing
   float smoothing, loss_scale;
+  int grad_count;  // the images the gradient is a mean over; 0: B (a micro-batch: more)
 } LossCase;
 
 // The OptimState a loss or an update starts from: every field recognizable.
@@ -667,7 +669,9 @@ static void run_train_loss(OpRun *r, const void *arg) {
   const OptimState s0 = state_start(c->loss_scale);
   OptimState *state = dev_bytes(r, &s0, sizeof s0), s;
   float *dlogits = dev_poisoned_f32(r, n);  // (B, K)
-  r->be->ops->train_loss(r->be, dlogits, logits, labels, soft, c->smoothing, c->B, c->K, state);
+  int grad_count = c->grad_count > 0 ? c->grad_count : c->B;
+  r->be->ops->train_loss(r->be, dlogits, logits, labels, soft, c->smoothing, c->B, c->K, grad_count,
+                         state);
   r->be->ops->download(r->be, &s, state, sizeof s);
   result_f32(r, "dlogits", dlogits, n);
   result_scalar_increment(r, "loss_sum", s.loss_sum, s0.loss_sum);
@@ -1052,7 +1056,7 @@ static const OpRow rows[] = {
     {"train_loss",
      "hard labels, smoothing 0.1, loss scale 1024, B=8 K=10",
      run_train_loss,
-     &(const LossCase){8, 10, false, 0.1f, 1024.0f},
+     &(const LossCase){8, 10, false, 0.1f, 1024.0f, 0},
      {{"dlogits", FP32},
       {"loss_sum", FP32},
       {"loss_steps, bad_losses", EXACT},
@@ -1060,7 +1064,15 @@ static const OpRow rows[] = {
     {"train_loss",
      "soft targets (mixup), loss scale 1, B=8 K=10",
      run_train_loss,
-     &(const LossCase){8, 10, true, 0.1f, 1.0f},
+     &(const LossCase){8, 10, true, 0.1f, 1.0f, 0},
+     {{"dlogits", FP32},
+      {"loss_sum", FP32},
+      {"loss_steps, bad_losses", EXACT},
+      {"the state the loss does not own", EXACT}}},
+    {"train_loss",
+     "a micro-batch of 6 of a batch of 18 (train.accum_steps 3), loss scale 8, K=10",
+     run_train_loss,
+     &(const LossCase){6, 10, false, 0.1f, 8.0f, 18},
      {{"dlogits", FP32},
       {"loss_sum", FP32},
       {"loss_steps, bad_losses", EXACT},

@@ -9,9 +9,11 @@
 //   the per-element fallback.
 //   drop_path_scales: both draw the same Philox numbers, so the scales must be the same bits;
 //   and a call for samples [k, k + B) of a batch (first_sample = k, as rank r of a data-parallel
-//   job draws) must give exactly that slice of the scales of the whole batch.
-//   step_params_set, which gives drop path its step index in device memory: many writes queued
-//   while the GPU is held up, each read by its own draw, every draw that of its own step.
+//   job or micro-batch k of an accumulating step draws) must give exactly that slice of the scales
+//   of the whole batch.
+//   step_params_set, which gives drop path its step index and first sample in device memory: many
+//   writes queued while the GPU is held up, each read by its own draw, every draw that of its own
+//   step and first sample.
 #define _POSIX_C_SOURCE 200809L  // nanosleep
 #include "tests/util/test_gpu_util.h"
 
@@ -87,8 +89,9 @@ static void drop_on(Backend *be, const float *rates_h, int units, int B, int64_t
                     uint64_t seed, int64_t step, float *scales_h) {
   float *rates = be_copy_f32(be, rates_h, (units + 1) / 2);
   float *scales = be_poisoned_f32(be, (int64_t)units * B);
-  StepParams *at = be_step_params(be, step, 0.0f);
-  be->ops->drop_path_scales(be, scales, rates, units, B, first, seed, at);
+  const StepParams values = {.step = step, .first_sample = first};
+  StepParams *at = be_copy_bytes(be, &values, sizeof values);
+  be->ops->drop_path_scales(be, scales, rates, units, B, seed, at);
   be_read_f32(be, scales_h, scales, (int64_t)units * B);
   be_free(be, rates);
   be_free(be, scales);
@@ -147,13 +150,14 @@ static void CUDART_CB hold_stream(void *arg) {
 }
 
 // step_params_set: a copy from page-locked memory reads it when it runs, so the CUDA backend
-// writes each step's values into the next slot of a ring (16 slots, src/model/backend_cuda.cu) and
-// waits before reusing a slot whose copy has not run. With the compute stream held up, 40 writes
-// (each followed by a drop-path draw at its step into its own buffer) wrap the ring: the host
-// must wait for the held copies (host_waits grows), and every draw must be the CPU's for its own
-// step; a slot overwritten before its copy ran would give a later step's draws.
+// writes each step's values into the next slot of a ring (64 slots, src/model/backend_cuda.cu) and
+// waits before reusing a slot whose copy has not run. With the compute stream held up, 160 writes
+// (each followed by a drop-path draw at its step and first sample into its own buffer) wrap the
+// ring: the host must wait for the held copies (host_waits grows), and every draw must be the
+// CPU's for its own step and first sample; a slot overwritten before its copy ran would give a
+// later write's draws.
 static void check_step_params_ring(BackendPair *p) {
-  enum { UNITS = 4, B = 64, WRITES = 40 };
+  enum { UNITS = 4, B = 64, WRITES = 160 };
   const float rates[UNITS / 2] = {0.3f, 0.5f};
   const uint64_t seed = 0x5eed;
   Backend *be = &p->gpu;
@@ -170,15 +174,15 @@ static void check_step_params_ring(BackendPair *p) {
   be->ops->wait_event(be, held);
   int64_t waits0 = be->host_waits;
   for (int k = 0; k < WRITES; k++) {
-    StepParams values = {.step = 1000 + 7 * k, .lr = (float)k};
+    StepParams values = {.step = 1000 + 7 * k, .first_sample = 3 * k, .lr = (float)k};
     be->ops->step_params_set(be, at, &values);
-    be->ops->drop_path_scales(be, scales[k], rates_d, UNITS, B, 0, seed, at);
+    be->ops->drop_path_scales(be, scales[k], rates_d, UNITS, B, seed, at);
   }
   int64_t ring_waits = be->host_waits - waits0;
   int wrong = 0, first_wrong = -1;
   float *want = test_alloc_floats(UNITS * B), *got = test_alloc_floats(UNITS * B);
   for (int k = 0; k < WRITES; k++) {
-    drop_on(&p->cpu, rates, UNITS, B, 0, seed, 1000 + 7 * k, want);
+    drop_on(&p->cpu, rates, UNITS, B, 3 * k, seed, 1000 + 7 * k, want);
     be_read_f32(be, got, scales[k], UNITS * B);
     if (memcmp(got, want, sizeof(float) * UNITS * B) != 0 && wrong++ == 0) first_wrong = k;
   }

@@ -7,7 +7,9 @@
 // equal to the same run launched kernel by kernel (weights, moments, every step's loss), with and
 // without the per-batch augmentations, and resumes exactly. With gemm_tune = on the run writes
 // its timed GEMM choices to run_dir/gemm_choices.txt, and a run resumed from its step-3
-// checkpoint with that file ends bitwise equal to the straight tuned run.
+// checkpoint with that file ends bitwise equal to the straight tuned run. Gradient accumulation
+// (train.accum_steps): fp32 micro-batches train what one batch trains (float tolerance, with a
+// negative control), graphs on vs off bitwise (with the augmentations too), resume exact.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <sys/stat.h>
@@ -22,6 +24,15 @@
 #include "tests/util/test_train_util.h"
 
 static char tmp_root[256];
+
+// fp32 accumulation against one batch on the GPU (accum_equals_batch). The sources of difference
+// are the CPU's (tests/test_train.c: gradient sums grouped differently, weights 1.0e-6 apart after
+// 6 steps, losses equal to 6 decimals), plus the GEMMs of 8-image micro-batches being other
+// problems than those of 32 images, for which cuBLASLt may pick kernels that round differently:
+// 100x the CPU's measurement. The negative control (lr 1% higher, 10x the CPU test's change,
+// which moved the weights 1.05e-3 there) must land 10x above the weight tolerance.
+#define GPU_ACCUM_LOSS_TOL 1e-4
+#define GPU_ACCUM_WEIGHT_TOL 1e-4
 
 static Config gpu_config(const char *run_name, const char *precision) {
   // 8x8 tokens: 4x4 windows shifted 2,2, then one 4x4 window.
@@ -288,6 +299,102 @@ static void graphs_resume(void) {
   test_check(same_losses(&a, &r, 6, 10), "graphs on, resumed: losses of steps 6..10 identical");
 }
 
+// ---- gradient accumulation ----------------------------------------------------------------------
+
+// fp32 on the GPU: 4 micro-batches of 8 train what one batch of 32 trains, within float rounding
+// (the same images and drop-path draws at the same global sample indices; the gradient sums
+// grouped differently, and cuBLASLt may pick another kernel for 8 rows than for 32); with graphs on
+// the two parts are replayed (22 of 24 micro-batches: each part's first use plain, the second
+// captured), bitwise equal to plain launches, and resume exactly.
+static void accum_equals_batch(void) {
+  Config one = gpu_config("accum_one", "fp32"), acc = gpu_config("accum4", "fp32");
+  Config off = gpu_config("accum4_off", "fp32");
+  acc.accum_steps = off.accum_steps = 4;
+  snprintf(acc.cuda_graphs, sizeof acc.cuda_graphs, "on");
+  snprintf(off.cuda_graphs, sizeof off.cuda_graphs, "off");
+  long long replayed, parts, ignored;
+  test_check(train_test_run(&one) == 0, "fp32, one batch of 32: 6 steps");
+  int rc = train_test_run_counting_replays(&acc, &replayed, &parts);
+  test_check(rc == 0 && train_test_run_counting_replays(&off, &ignored, &ignored) == 0,
+             "fp32, train.accum_steps=4 with graphs on and off: 6 steps of 4 x 8");
+  if (rc != 0) return;
+  test_check(replayed == 22 && parts == 24,
+             "accum 4, graphs on: 22 of 24 micro-batches replayed (%lld of %lld)", replayed, parts);
+  test_check(
+      train_test_same_tensors(ckpt_of(&acc, 6), ckpt_of(&off, 6)) && same_losses(&acc, &off, 1, 6),
+      "accum 4: graphs on vs off: weights, moments and losses bit-identical");
+  double la[8] = {0}, lb[8] = {0}, ga[8] = {0}, gb[8] = {0}, dl = 0, dg = 0;
+  losses_of(&one, la, 8);
+  losses_of(&acc, lb, 8);
+  train_test_series(one.run_dir, "grad_norm", ga, 8);
+  train_test_series(acc.run_dir, "grad_norm", gb, 8);
+  for (int s = 1; s <= 6; s++) {
+    dl = la[s] > 0 && lb[s] > 0 ? fmax(dl, fabs(la[s] - lb[s]) / la[s]) : INFINITY;
+    dg = ga[s] > 0 && gb[s] > 0 ? fmax(dg, fabs(ga[s] - gb[s]) / ga[s]) : INFINITY;
+  }
+  Model m;
+  float *w0 = train_test_initial_weights(&one, &m);
+  if (!w0) return;
+  double dw = train_test_weight_distance(&m, w0, ckpt_of(&acc, 6), ckpt_of(&one, 6));
+  test_check(dl <= GPU_ACCUM_LOSS_TOL && dg <= GPU_ACCUM_LOSS_TOL && dw <= GPU_ACCUM_WEIGHT_TOL,
+             "fp32 accum 4 x 8 vs one batch of 32: losses %.1e, gradient norms %.1e (tol %.0e), "
+             "weights %.2e apart (tol %.0e)",
+             dl, dg, GPU_ACCUM_LOSS_TOL, dw, GPU_ACCUM_WEIGHT_TOL);
+  Config lr = gpu_config("accum4_lr", "fp32");
+  lr.accum_steps = 4;
+  lr.lr *= 1.01f;
+  test_check(train_test_run(&lr) == 0, "fp32 accum 4 with lr x 1.01 (negative control)");
+  double dc = train_test_weight_distance(&m, w0, ckpt_of(&lr, 6), ckpt_of(&one, 6));
+  test_check(dc > 10 * GPU_ACCUM_WEIGHT_TOL,
+             "negative control: lr x 1.01 moves the weights %.2e apart (> 10 x tol)", dc);
+  model_destroy(&m);
+
+  Config r = acc;
+  snprintf(r.run_dir, sizeof r.run_dir, "%s/accum4_resumed", tmp_root);
+  mkdir(r.run_dir, 0755);
+  train_test_copy_file(ckpt_of(&acc, 3), ckpt_of(&r, 3));
+  snprintf(r.resume, sizeof r.resume, "auto");
+  test_check(
+      train_test_run_counting_replays(&r, &replayed, &parts) == 0 && replayed == 10 && parts == 12,
+      "accum 4 with graphs, resumed from step 3: 10 of 12 micro-batches replayed (%lld of "
+      "%lld)",
+      replayed, parts);
+  test_check(
+      train_test_same_tensors(ckpt_of(&acc, 6), ckpt_of(&r, 6)) && same_losses(&acc, &r, 4, 6),
+      "accum 4 with graphs, resumed: weights, moments and losses bit-identical");
+}
+
+// The recipe's per-batch augmentations with accumulation under fp16 (each micro-batch erased,
+// mixed and given its soft targets, copied into the buffers the graph reads): graphs on vs off
+// bitwise, over 10 steps of 2 micro-batches.
+static void accum_graphs_augment(void) {
+  Config on = gpu_config("accum_aug_on", "fp16"), off = gpu_config("accum_aug_off", "fp16");
+  Config *both[2] = {&on, &off};
+  for (int k = 0; k < 2; k++) {
+    Config *c = both[k];
+    c->max_steps = 10;
+    c->ckpt_every = 5;
+    c->accum_steps = 2;
+    c->mixup = 0.8f;
+    c->cutmix = 1.0f;
+    c->reprob = 0.25f;
+    snprintf(c->cuda_graphs, sizeof c->cuda_graphs, "%s", k == 0 ? "on" : "off");
+  }
+  long long replayed, parts, ignored;
+  int rc = train_test_run_counting_replays(&on, &replayed, &parts);
+  test_check(rc == 0 && train_test_run_counting_replays(&off, &ignored, &ignored) == 0,
+             "fp16, accum 2 with mixup, cutmix and erasing: 10 steps with graphs on and off");
+  if (rc != 0) return;
+  test_check(replayed == 18 && parts == 20,
+             "accum 2 with augmentations: 18 of 20 micro-batches replayed (%lld of %lld)", replayed,
+             parts);
+  test_check(train_test_same_tensors(ckpt_of(&on, 5), ckpt_of(&off, 5)) &&
+                 train_test_same_tensors(ckpt_of(&on, 10), ckpt_of(&off, 10)) &&
+                 same_losses(&on, &off, 1, 10),
+             "accum 2 with augmentations: graphs on vs off bit-identical (weights, moments, "
+             "losses)");
+}
+
 int main(void) {
   GPU_TEST_MAIN_BEGIN();
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_gpu_train_XXXXXX");
@@ -299,6 +406,8 @@ int main(void) {
   graphs_on_off("bf16", "bf16", false);
   graphs_on_off("fp16_aug", "fp16", true);
   graphs_resume();
+  accum_equals_batch();
+  accum_graphs_augment();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
   if (test_stats.failed == 0 && system(cmd) != 0) printf("note: could not remove %s\n", tmp_root);

@@ -1,6 +1,7 @@
 // test_loss.c: kernels/cpu/loss.c against cross-entropy written in double (hard labels with and
 // without label smoothing, soft targets), its gradient against finite differences of the loss,
-// logits of magnitude 1000, and top-1 / top-5 counting on hand-built rows (ties included).
+// a micro-batch's gradient as a share of a larger batch's mean (gradient accumulation), logits of
+// magnitude 1000, and top-1 / top-5 counting on hand-built rows (ties included).
 #include "kernels/loss.h"
 #include "tests/util/test_util.h"
 
@@ -17,7 +18,7 @@ typedef struct {
 static double loss_objective(void *ctx) {
   LossCase *c = ctx;
   return cross_entropy_forward_backward_cpu(NULL, c->logits, c->labels, c->soft, c->smoothing, c->B,
-                                            c->K);
+                                            c->K, c->B);
 }
 
 // Loss and dlogits in double: log-softmax through log-sum-exp, target built as a dense row.
@@ -79,7 +80,7 @@ static void check_loss(TestRng *rng, const char *what, int B, int K, float smoot
   double want_loss = loss_reference(want, &c);
   test_poison(dlogits, n);
   double loss =
-      cross_entropy_forward_backward_cpu(dlogits, c.logits, c.labels, c.soft, smoothing, B, K);
+      cross_entropy_forward_backward_cpu(dlogits, c.logits, c.labels, c.soft, smoothing, B, K, B);
   // Both evaluate the same double formulas from the same fp32 logits, in different orders:
   // they agree to ~1e-15 relative; 1e-10 still flags any formula difference.
   double e = fabs(loss - want_loss) / fabs(want_loss);
@@ -89,6 +90,25 @@ static void check_loss(TestRng *rng, const char *what, int B, int K, float smoot
   test_close("dlogits vs double reference", dlogits, want, n, 1e-6);
   double loss_only = loss_objective(&c);
   test_check(loss_only == loss, "loss with dlogits NULL is the same (%.17g)", loss_only);
+  // Gradient accumulation: the first half of the rows as a micro-batch whose gradient is a mean
+  // over all B (grad_count B) gets the whole batch's rows of dlogits, bitwise (one expression per
+  // element), and its own rows' mean loss.
+  int half = B / 2;
+  if (half > 0) {
+    float *part = malloc((size_t)half * K * sizeof(float));
+    test_poison(part, (int64_t)half * K);
+    double part_loss =
+        cross_entropy_forward_backward_cpu(part, c.logits, c.labels, c.soft, smoothing, half, K, B);
+    LossCase first = c;
+    first.B = half;
+    double want_part = loss_objective(&first);
+    test_check(
+        memcmp(part, dlogits, (size_t)half * K * sizeof(float)) == 0 && part_loss == want_part,
+        "a micro-batch of %d rows of a batch of %d (grad_count %d): the batch's dlogits "
+        "rows bitwise, its own mean loss (%.6f)",
+        half, B, B, part_loss);
+    free(part);
+  }
 
   // The loss is evaluated in double from fp32 logits, so rounding noise is ~1e-16 and only the
   // O(h^2) truncation counts: with h = 1e-3 on logits O(1) apart, ~1e-7 relative. Around 1000
@@ -113,7 +133,7 @@ static void check_extreme_logits(void) {
   int labels[2] = {3, 0};
   float dlogits[8];
   test_poison(dlogits, 8);
-  double loss = cross_entropy_forward_backward_cpu(dlogits, logits, labels, NULL, 0.0f, 2, 4);
+  double loss = cross_entropy_forward_backward_cpu(dlogits, logits, labels, NULL, 0.0f, 2, 4, 2);
   // Row 0: -log p_3 = log(e^1 + e^0 + e^-999 + e^-2000) ~ log(1 + e) (the rest underflow).
   // Row 1: -log p_0 = 2000 + log 3 (label 2000 below three equal logits).
   double want = (log(1.0 + exp(1.0)) + 2000.0 + log(3.0)) / 2.0;

@@ -34,7 +34,7 @@ static Config tiny_config(void) {
 static double loss_of(Model *m, const float *images, const float *R, int B, int64_t step) {
   // The CPU backend's memory is host memory: the step's values may live on the stack.
   const StepParams at = {.step = step};
-  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at, 0);
+  model_forward(m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at);
   double L = 0;
   for (int i = 0; i < B * m->cfg.num_classes; i++) L += (double)m->acts.logits[i] * R[i];
   return L;
@@ -108,7 +108,7 @@ static void test_gradients(void) {
   test_check(some_dropped, "drop path drops some samples at this step (else the test is weaker)");
   memcpy(m.acts.dlogits, R, sizeof(float) * B * K);  // dL/dlogits = R
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
   float *grads = malloc(sizeof(float) * m.num_floats);
   memcpy(grads, m.grads, sizeof(float) * m.num_floats);
 
@@ -119,7 +119,7 @@ static void test_gradients(void) {
   loss_of(&m, images, R, B, step);
   memcpy(m.acts.dlogits, R, sizeof(float) * B * K);
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
   omp_set_num_threads(threads);
   test_check(memcmp(grads, m.grads, sizeof(float) * m.num_floats) == 0,
              "gradients bitwise identical with 1 and %d threads", threads);
@@ -196,11 +196,11 @@ static void test_gradients(void) {
 
   // Eval forward: no drop path, deterministic, and differs from the train forward.
   model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 7,
-                &(StepParams){.step = step}, 0);
+                &(StepParams){.step = step});
   float *eval1 = malloc(sizeof(float) * B * K);
   memcpy(eval1, m.acts.logits, sizeof(float) * B * K);
   model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 99,
-                &(StepParams){.step = 12345}, 0);
+                &(StepParams){.step = 12345});
   test_check(memcmp(eval1, m.acts.logits, sizeof(float) * B * K) == 0,
              "eval forward ignores seed and step");
   free(eval1);
@@ -243,13 +243,14 @@ static void test_split_batch(void) {
   float whole[B * 5], split[B * 5], wrong[HALF * 5];
   test_check(K == 5, "tiny model has 5 classes");
   const StepParams at = {.step = step};  // CPU backend memory is host memory
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at, 0);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &at);
   memcpy(whole, m.acts.logits, sizeof(float) * B * K);
   int dropped = 0;
   for (int64_t i = 0; i < 2 * (int64_t)m.num_blocks * B; i++) dropped += m.acts.drop_scales[i] == 0;
   for (int share = 0; share < 2; share++) {
+    const StepParams share_at = {.step = step, .first_sample = share * HALF};
     model_forward(&m, images + share * HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF,
-                  true, 7, &at, share * HALF);
+                  true, 7, &share_at);
     memcpy(split + share * HALF * K, m.acts.logits, sizeof(float) * HALF * K);
   }
   double err = test_rel_err(split, whole, B * K);
@@ -257,8 +258,8 @@ static void test_split_batch(void) {
              "a batch of %d in two shares (first_sample 0 and %d): the same logits, drop path "
              "included (%d of %d drops; rel err %.1e)",
              B, HALF, dropped, 2 * m.num_blocks * B, err);
-  model_forward(&m, images + HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF, true, 7, &at,
-                0);
+  model_forward(&m, images + HALF * per_image, DTYPE_F32, (Normalize){{0}, {0}}, HALF, true, 7,
+                &at);
   memcpy(wrong, m.acts.logits, sizeof(float) * HALF * K);
   err = test_rel_err(wrong, whole + HALF * K, HALF * K);
   test_check(err > 1e-3,
@@ -305,11 +306,11 @@ static void test_grads_ready(void) {
   Marks marks = {.m = &m};
   m.grads_ready = record_mark;
   m.grads_ready_ctx = &marks;
-  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7, &(StepParams){.step = 11},
-                0);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7,
+                &(StepParams){.step = 11});
   test_fill_uniform(&rng, m.acts.dlogits, (int64_t)B * m.cfg.num_classes, -1, 1);
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
   int merges = m.num_stages - 1;
   bool falling = true, final = true;
   for (int i = 0; i < marks.calls; i++) {
@@ -324,6 +325,26 @@ static void test_grads_ready(void) {
   test_check(final, "grads_ready: every gradient at or above each mark is already final there");
   test_check(memcmp(marks.whole_at_first, m.grads, sizeof(float) * (size_t)m.num_floats) != 0,
              "negative control: the buffer below the first mark was not final yet");
+  // A micro-batch before the last (gradient accumulation): the same forward and backward again,
+  // without report, add the same gradients once more and tell the reducer nothing. Each element
+  // is then its value plus the same partial sums again: 2x up to the rounding of each addition
+  // (fp32, a few 2^-24 relative; 1e-6 normwise).
+  int64_t nd = (int64_t)B * m.cfg.num_classes;
+  float *twice = malloc(sizeof(float) * (size_t)m.num_floats),
+        *dlogits = malloc(sizeof(float) * nd);
+  for (int64_t i = 0; i < m.num_floats; i++) twice[i] = 2 * m.grads[i];
+  memcpy(dlogits, m.acts.dlogits, sizeof(float) * nd);
+  model_forward(&m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, true, 7,
+                &(StepParams){.step = 11});
+  memcpy(m.acts.dlogits, dlogits, sizeof(float) * nd);
+  int calls = marks.calls;
+  model_backward(&m, B, false);
+  test_check(marks.calls == calls, "backward without report: no grads_ready call (%d)",
+             marks.calls - calls);
+  test_close("backward without report: the gradients add up (2x)", m.grads, twice, m.num_floats,
+             1e-6);
+  free(twice);
+  free(dlogits);
   for (int i = 0; i < marks.calls; i++) free(marks.above[i]);
   free(marks.whole_at_first);
   free(images);

@@ -462,7 +462,7 @@ static void check_logits(const OnnxModel *om, Model *m, int B, bool f16, const c
         for (int ch = 0; ch < c->in_chans; ch++)
           nchw[((b * c->in_chans + ch) * c->img_h + y) * c->img_w + x] =
               nhwc[((b * c->img_h + y) * c->img_w + x) * c->in_chans + ch];
-  model_forward(m, nhwc, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, NULL, 0);
+  model_forward(m, nhwc, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, NULL);
   Eval e = {0};
   const EvalValue *y = eval_model(&e, om, 4, (int64_t[]){B, c->in_chans, c->img_h, c->img_w}, nchw);
   int64_t n = (int64_t)B * c->num_classes;

@@ -106,15 +106,15 @@ static void check_fixture(const char *path) {
   const Normalize none = {{0}, {0}};
   // The CPU backend's memory is host memory: the step's values may live on the stack.
   StepParams at = {.step = 0};
-  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at, 0);
+  model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at);
   test_close("logits", m.acts.logits, logits_ref, (int64_t)B * K, 1e-5);
   double loss = cross_entropy_forward_backward_cpu(dlogits, m.acts.logits, labels, NULL,
-                                                   cfg.label_smoothing, B, K);
+                                                   cfg.label_smoothing, B, K, B);
   double loss_ref = atof(loss_text);
   test_check(fabs(loss - loss_ref) <= 1e-6, "%-28s loss %.9f vs timm %.9f (diff %.1e, tol 1e-6)",
              name, loss, loss_ref, fabs(loss - loss_ref));
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
   compare_params(&st, &m, "grad.", m.grads, 1e-4, "gradients");
 
   // Five AdamW steps on the same batch.
@@ -130,11 +130,11 @@ static void check_fixture(const char *path) {
   OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
     at = (StepParams){.step = step, .lr = (float)lr_at_step(&sched, step)};
-    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at, 0);
-    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K,
+    model_forward(&m, input, DTYPE_F32, none, B, true, cfg.seed, &at);
+    be.ops->train_loss(&be, dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B, K, B,
                        &state);
     model_zero_grads(&m);
-    model_backward(&m, B);
+    model_backward(&m, B, true);
     OptimizerStep hyper = {
         .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps, .clip_grad = cfg.clip_grad};
     be.ops->optimizer_step(&be, m.master, NULL, m.grads, ea, eas, m.num_floats, chunks, num_chunks,

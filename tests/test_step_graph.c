@@ -5,8 +5,9 @@
 // is captured at its second step and replayed after, that another batch size, buffer or variant
 // is another graph, that a paused step runs plainly, that a failed capture warns, frees every
 // graph, runs the step plainly and leaves graphs off, and that under a launcher it is an error
-// instead. The GPU side (replays bitwise equal to plain launches, with NCCL inside under mpirun)
-// is tests/test_gpu_train.c's and tests/test_gpu_dist.c's.
+// instead; that with gradient accumulation the step's parts are two graphs, only the last part
+// updates and reports to the gradient reducer. The GPU side (replays bitwise equal to plain
+// launches, with NCCL inside under mpirun) is tests/test_gpu_train.c's and tests/test_gpu_dist.c's.
 #include <stdint.h>
 
 #include "src/app/learner.h"
@@ -81,32 +82,32 @@ static Config tiny_config(void) {
 static void check_resolve(Backend *cpu, Backend *capturing) {
   StepGraphs g;
   Error err;
-  test_check(step_graphs_init(&g, capturing, "auto", false, &err) == 0 && g.on,
+  test_check(step_graphs_init(&g, capturing, "auto", false, 1, &err) == 0 && g.on,
              "auto on a backend that captures, one process: on");
-  test_check(step_graphs_init(&g, capturing, "on", false, &err) == 0 && g.on,
+  test_check(step_graphs_init(&g, capturing, "on", false, 1, &err) == 0 && g.on,
              "on on a backend that captures, one process: on");
-  test_check(step_graphs_init(&g, capturing, "off", false, &err) == 0 && !g.on &&
+  test_check(step_graphs_init(&g, capturing, "off", false, 1, &err) == 0 && !g.on &&
                  strcmp(g.why_off, "train.cuda_graphs=off") == 0,
              "off: off, and the log says train.cuda_graphs=off");
-  test_check(step_graphs_init(&g, cpu, "auto", false, &err) == 0 && !g.on &&
+  test_check(step_graphs_init(&g, cpu, "auto", false, 1, &err) == 0 && !g.on &&
                  strstr(g.why_off, "CPU backend"),
              "auto on the CPU: off (the CPU backend)");
-  int rc = step_graphs_init(&g, cpu, "on", false, &err);
+  int rc = step_graphs_init(&g, cpu, "on", false, 1, &err);
   test_check(rc != 0 && strstr(err.msg, "train.cuda_graphs=on") && strstr(err.msg, "CPU backend") &&
                  strstr(err.msg, "HINT: set train.cuda_graphs=auto"),
              "on on the CPU: refused with the key, the reason and a HINT (%s)",
              rc ? err.msg : "accepted");
-  test_check(step_graphs_init(&g, capturing, "auto", true, &err) == 0 && g.on && g.launched,
+  test_check(step_graphs_init(&g, capturing, "auto", true, 1, &err) == 0 && g.on && g.launched,
              "auto under a launcher: on (the data-parallel step is captured with its all-reduce)");
-  test_check(step_graphs_init(&g, capturing, "on", true, &err) == 0 && g.on,
+  test_check(step_graphs_init(&g, capturing, "on", true, 1, &err) == 0 && g.on,
              "on under a launcher: on");
-  test_check(step_graphs_init(&g, cpu, "auto", true, &err) == 0 && !g.on,
+  test_check(step_graphs_init(&g, cpu, "auto", true, 1, &err) == 0 && !g.on,
              "auto under a launcher on the CPU: off");
-  step_graphs_init(&g, capturing, "auto", false, &err);
+  step_graphs_init(&g, capturing, "auto", false, 1, &err);
   step_graphs_auto_off(&g, "auto", "the loader's reason");
   test_check(!g.on && strcmp(g.why_off, "the loader's reason") == 0,
              "auto turned off for a reason: off, and the log gives the reason");
-  step_graphs_init(&g, capturing, "on", false, &err);
+  step_graphs_init(&g, capturing, "on", false, 1, &err);
   step_graphs_auto_off(&g, "on", "the loader's reason");
   test_check(g.on, "on is not turned off by a reason that applies to auto");
 }
@@ -119,13 +120,17 @@ typedef struct {
   const float *soft;   // soft targets (B, classes), for a batch that has them
 } Run;
 
-static int step(StepGraphs *g, Run *r, int slot, int B) {
-  learner_set_step(r->m, r->o, 0, 1e-3f);
+static int step_part(StepGraphs *g, Run *r, int slot, int B, StepPart part) {
+  learner_set_step(r->m, r->o, 0, 1e-3f, 0);
   Error err;
-  int rc =
-      step_graphs_step(g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[slot], B, 0, &err);
+  int rc = step_graphs_step(g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[slot], B, part,
+                            &err);
   if (rc != 0) printf("     (step_graphs_step: %s)\n", err.msg);
   return rc;
+}
+
+static int step(StepGraphs *g, Run *r, int slot, int B) {
+  return step_part(g, r, slot, B, STEP_WHOLE);
 }
 
 static void check_steps(Run *r, Backend *be, Backend *capturing) {
@@ -133,7 +138,7 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
   StepGraphs g;
   Error err;
   memset(&seen, 0, sizeof seen);
-  step_graphs_init(&g, capturing, "auto", false, &err);
+  step_graphs_init(&g, capturing, "auto", false, 1, &err);
   char line[256];
   step_graphs_describe(&g, line, sizeof line);
   test_check(strstr(line, "on (") == line, "before any step: '%s'", line);
@@ -172,7 +177,7 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
 
   // Another variant (the benchmark's step without its all-reduce) is another graph.
   memset(&seen, 0, sizeof seen);
-  step_graphs_init(&g, capturing, "auto", false, &err);
+  step_graphs_init(&g, capturing, "auto", false, 1, &err);
   step(&g, r, 0, B);
   step(&g, r, 0, B);
   g.variant = 1;
@@ -191,7 +196,7 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
   // plainly (on CUDA nothing of the failed capture has run), graphs off from then on.
   memset(&seen, 0, sizeof seen);
   seen.fail_at_end = 2;
-  step_graphs_init(&g, capturing, "on", false, &err);
+  step_graphs_init(&g, capturing, "on", false, 1, &err);
   printf("     (a warning about a failed capture follows: it is expected)\n");
   for (int k = 0; k < 4; k++) step(&g, r, k % 2, B);
   test_check(!g.on && seen.begins == 2 && seen.destroys == 1 && seen.live == 0,
@@ -212,7 +217,7 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
   // NCCL calls out of step with the other ranks' graphs.
   memset(&seen, 0, sizeof seen);
   seen.fail_at_end = 1;
-  step_graphs_init(&g, capturing, "auto", true, &err);
+  step_graphs_init(&g, capturing, "auto", true, 1, &err);
   int rc0 = step(&g, r, 0, B), rc1 = step(&g, r, 0, B);
   test_check(rc0 == 0 && rc1 != 0 && !g.on && seen.live == 0 && seen.updates == 2,
              "launcher, failed capture: an error, graphs off, the step not run plainly after it "
@@ -222,14 +227,69 @@ static void check_steps(Run *r, Backend *be, Backend *capturing) {
              "after the error the step runs plainly (a caller that went on)");
   Error why;
   seen.fail_at_end = 2;
-  step_graphs_init(&g, capturing, "auto", true, &why);
+  step_graphs_init(&g, capturing, "auto", true, 1, &why);
   step(&g, r, 1, B);
-  learner_set_step(r->m, r->o, 0, 1e-3f);
-  int rc =
-      step_graphs_step(&g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[1], B, 0, &why);
+  learner_set_step(r->m, r->o, 0, 1e-3f, 0);
+  int rc = step_graphs_step(&g, r->m, r->o, r->cfg, (Normalize){{0}, {0}}, &r->batch[1], B,
+                            STEP_WHOLE, &why);
   test_check(
       rc != 0 && strstr(why.msg, "data-parallel") && strstr(why.msg, "HINT: train.cuda_graphs=off"),
       "the error names the data-parallel step and the key (%s)", rc ? why.msg : "none");
+  step_graphs_destroy(&g, be);
+}
+
+// The gradient reducer's view of a backward (Model.grads_ready): how many reports it received.
+static int reports;
+static void count_report(void *ctx, int64_t lowest_offset) {
+  (void)ctx;
+  (void)lowest_offset;
+  reports++;
+}
+
+// Gradient accumulation (train.accum_steps 3): a step is two STEP_ACCUMULATE parts and a
+// STEP_FINISH part on the same micro-batch buffers, so two keys and two graphs whatever the
+// number of micro-batches; only the finishing part updates, and only its backward reports to
+// the gradient reducer (so under a launcher only the last micro-batch all-reduces).
+static void check_accumulation(Run *r, Backend *be, Backend *capturing) {
+  const int B = 4, accum = 3;
+  StepGraphs g;
+  Error err;
+  memset(&seen, 0, sizeof seen);
+  step_graphs_init(&g, capturing, "auto", false, accum, &err);
+  r->m->grads_ready = count_report;
+  int accumulate_reports = 0, finish_reports = 0, finish_runs = 0;
+  for (int s = 0; s < 3; s++) {
+    model_zero_grads(r->m);
+    for (int k = 0; k < accum; k++) {
+      // The stand-in runs a part's ops when it runs plainly or is captured, not when replayed.
+      StepPart part = learner_part(k, accum);
+      reports = 0;
+      step_part(&g, r, 0, B, part);
+      if (part == STEP_ACCUMULATE) accumulate_reports += reports;
+      if (part == STEP_FINISH && reports > 0) finish_reports += reports, finish_runs++;
+    }
+  }
+  r->m->grads_ready = NULL;
+  int per_backward = r->m->num_blocks + (r->m->num_stages - 1) + 1;
+  test_check(learner_part(0, 1) == STEP_WHOLE && learner_part(0, 3) == STEP_ACCUMULATE &&
+                 learner_part(1, 3) == STEP_ACCUMULATE && learner_part(2, 3) == STEP_FINISH,
+             "learner_part: accum 1 is the whole step; of 3, two accumulate and the last finishes");
+  test_check(accumulate_reports == 0 && finish_runs == 2 && finish_reports == 2 * per_backward,
+             "accumulating parts report nothing to the reducer (%d reports); the finishing part "
+             "reports every bucket each time it runs (%d in %d runs, %d each)",
+             accumulate_reports, finish_reports, finish_runs, per_backward);
+  test_check(seen.begins == 2 && g.captured == 2 && g.plain == 2 && g.replayed == 7,
+             "3 steps of 3 micro-batches: 2 graphs (accumulate, finish), each plain once, then "
+             "replayed: %d of 9 parts (captures %d)",
+             (int)g.replayed, seen.begins);
+  test_check(seen.updates == 2 && seen.updates_capturing == 1,
+             "only the finishing part updates: 2 updates queued (plain, into its capture), none "
+             "from the accumulating parts (%d, %d)",
+             seen.updates, seen.updates_capturing);
+  char line[256];
+  step_graphs_describe(&g, line, sizeof line);
+  test_check(strcmp(line, "on (2 graphs of 7 nodes; 7 of 9 micro-batches replayed)") == 0,
+             "the log counts micro-batches: '%s'", line);
   step_graphs_destroy(&g, be);
 }
 
@@ -275,6 +335,7 @@ int main(void) {
     r.batch[s] = (StepBatch){
         .images = images + s * B * per_image, .images_dtype = DTYPE_F32, .labels = labels + s * B};
   check_steps(&r, &be, &capturing);
+  check_accumulation(&r, &be, &capturing);
   be.ops = &cpu_table;
   free(images);
   free(labels);

@@ -1,8 +1,11 @@
 // test_train.c: the trainer end to end on a Fashion-MNIST subset: exact resume, thread-count
-// independence of the data loader, refusal of broken checkpoints with the older one still
-// usable, SIGTERM leaving a checkpoint that resumes, a short run that learns, and
+// independence of the data loader, gradient accumulation (train.accum_steps: micro-batches equal
+// one batch within float rounding, resume exact, with and without the recipe's per-batch
+// augmentations; a batch that does not split refused), refusal of broken checkpoints with the
+// older one still usable, SIGTERM leaving a checkpoint that resumes, a short run that learns, and
 // train.cuda_graphs=on refused where the step runs on the CPU.
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +21,14 @@
 #include "tests/util/test_util.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
+// Gradient accumulation against one batch (test_accum_equals_batch), float rounding apart.
+// Measured over 6 steps (4 x 8 against 32): weights 1.0e-6 of the distance training moved them
+// apart, losses and gradient norms identical to the 6 decimals metrics.jsonl keeps. The weight
+// tolerance leaves 20x margin; the negative control (lr 0.1% higher) lands at 1.05e-3, 50x above
+// it. 1e-5 relative is 23 units of the 6th decimal of a loss near 2.3.
+#define ACCUM_LOSS_TOL 1e-5
+#define ACCUM_WEIGHT_TOL 2e-5
 
 static char tmp_root[256];
 
@@ -135,6 +146,136 @@ static void test_recipe_resume(void) {
   read_losses("recipe_resumed", lb, 8);
   test_check(la[6] == lb[6] && la[4] == lb[4], "recipe resume: losses identical (%.6f %.6f)", la[6],
              lb[6]);
+}
+
+// Gradient accumulation (train.accum_steps): 4 micro-batches of 8 images train what one batch of
+// 32 trains. The loader, the augmentation and drop path see the same images at the same global
+// sample indices (the straight run of test_resume_exact has drop path 0.1), each micro-batch's
+// loss gradient is a mean over 32, and the update runs once per step; only the order of the
+// gradient sums changes (4 partial sums of 8 images added in turn, instead of one sum over 32), so
+// the runs agree to float rounding, not bitwise: gradient elements differ by a few ulps (2^-24
+// relative), which AdamW passes through to the update, most of all where a gradient is near zero
+// (tests/test_dist_train.c measures the same effect for 2 ranks against 1). grad_norm is compared
+// too: AdamW hides a gradient scaled by a constant (a micro-batch gradient not divided by
+// accum_steps) from the weights, the norm does not.
+static void test_accum_equals_batch(void) {
+  Config one = small_config("straight"), acc = small_config("accum4");
+  acc.accum_steps = 4;
+  test_check(train_test_run(&acc) == 0, "train.accum_steps=4: 6 steps of 4 micro-batches of 8");
+  double la[8] = {0}, lb[8] = {0}, ga[8] = {0}, gb[8] = {0}, dl = 0, dg = 0;
+  train_test_losses(one.run_dir, la, 8);
+  train_test_losses(acc.run_dir, lb, 8);
+  train_test_series(one.run_dir, "grad_norm", ga, 8);
+  train_test_series(acc.run_dir, "grad_norm", gb, 8);
+  for (int s = 1; s <= 6; s++) {
+    dl = la[s] > 0 && lb[s] > 0 ? fmax(dl, fabs(la[s] - lb[s]) / la[s]) : INFINITY;
+    dg = ga[s] > 0 && gb[s] > 0 ? fmax(dg, fabs(ga[s] - gb[s]) / ga[s]) : INFINITY;
+  }
+  test_check(dl <= ACCUM_LOSS_TOL && dg <= ACCUM_LOSS_TOL,
+             "accum 4 x 8 vs one batch of 32: losses and gradient norms of steps 1..6 within "
+             "%.1e and %.1e relative (tol %.0e)",
+             dl, dg, ACCUM_LOSS_TOL);
+  Model m;
+  float *w0 = train_test_initial_weights(&one, &m);
+  if (!w0) return;
+  double dw = train_test_weight_distance(&m, w0, ckpt_path("accum4", 6), ckpt_path("straight", 6));
+  test_check(dw <= ACCUM_WEIGHT_TOL,
+             "accum 4 x 8 vs one batch of 32: weights after 6 steps %.2e of the distance training "
+             "moved them apart (tol %.0e)",
+             dw, ACCUM_WEIGHT_TOL);
+  // Negative control: a real change of the run (lr 0.1% higher) must exceed the tolerance.
+  Config lr = small_config("accum4_lr");
+  lr.accum_steps = 4;
+  lr.lr *= 1.001f;
+  lr.max_steps = 6;
+  test_check(train_test_run(&lr) == 0, "accum 4 with lr x 1.001 (negative control)");
+  double dc =
+      train_test_weight_distance(&m, w0, ckpt_path("accum4_lr", 6), ckpt_path("straight", 6));
+  test_check(dc > 10 * ACCUM_WEIGHT_TOL,
+             "negative control: lr x 1.001 moves the weights %.2e apart (> 10 x tol = %.0e)", dc,
+             10 * ACCUM_WEIGHT_TOL);
+  model_destroy(&m);
+
+  // Resume with accumulation: checkpoints fall between optimizer steps, so a run resumed from
+  // step 3 ends bitwise where the straight accumulating run ends.
+  Config r = small_config("accum4_resumed");
+  r.accum_steps = 4;
+  mkdir(r.run_dir, 0755);
+  train_test_copy_file(ckpt_path("accum4", 3), ckpt_path("accum4_resumed", 3));
+  snprintf(r.resume, sizeof r.resume, "auto");
+  test_check(train_test_run(&r) == 0, "accum 4: resumed from step 3 to 6");
+  test_check(train_test_same_tensors(ckpt_path("accum4", 6), ckpt_path("accum4_resumed", 6)),
+             "accum 4 resume: final weights and AdamW moments bit-identical to the straight run");
+  double lr_[8] = {0};
+  int n = read_losses("accum4_resumed", lr_, 8);
+  bool same = n == 3;
+  for (int s = 4; s <= 6; s++) same = same && lr_[s] == lb[s] && lb[s] != 0;
+  test_check(same, "accum 4 resume: losses of steps 4..6 identical (%.6f %.6f %.6f)", lr_[4],
+             lr_[5], lr_[6]);
+}
+
+// The recipe's per-batch augmentations with accumulation: each micro-batch is erased and mixed on
+// its own (pairs within the micro-batch), the run learns nothing absurd and resumes exactly.
+static void test_accum_recipe_resume(void) {
+  Config a = small_config("accum_recipe");
+  a.accum_steps = 2;
+  a.reprob = 0.25f;
+  a.mixup = 0.8f;
+  a.cutmix = 1.0f;
+  test_check(train_test_run(&a) == 0, "accum 2 with erasing and mixup/cutmix: 6 steps");
+  double la[8] = {0}, lb[8] = {0};
+  read_losses("accum_recipe", la, 8);
+  bool finite = true;
+  for (int s = 1; s <= 6; s++) finite = finite && la[s] > 0.5 && la[s] < 5;
+  test_check(finite, "accum recipe: losses finite and plausible (step 6: %.4f)", la[6]);
+  Config b = a;
+  snprintf(b.run_dir, sizeof b.run_dir, "%s/accum_recipe_resumed", tmp_root);
+  mkdir(b.run_dir, 0755);
+  train_test_copy_file(ckpt_path("accum_recipe", 3), ckpt_path("accum_recipe_resumed", 3));
+  snprintf(b.resume, sizeof b.resume, "auto");
+  test_check(train_test_run(&b) == 0, "accum recipe run resumed from step 3");
+  test_check(
+      train_test_same_tensors(ckpt_path("accum_recipe", 6), ckpt_path("accum_recipe_resumed", 6)),
+      "accum recipe resume: final weights and moments bit-identical to the straight run");
+  read_losses("accum_recipe_resumed", lb, 8);
+  test_check(la[6] == lb[6] && la[4] == lb[4], "accum recipe resume: losses identical (%.6f %.6f)",
+             la[6], lb[6]);
+}
+
+// train.batch_size against the processes and train.accum_steps: what does not divide, and an odd
+// micro-batch under mixup, are refused before anything runs, naming the keys, with a HINT.
+static void test_accum_refusals(void) {
+  Config c = small_config("refusals");
+  c.accum_steps = 4;
+  Comm three = {.rank = 0, .world = 3, .local_rank = 0, .local_world = 3};
+  LoaderOptions opt;
+  Error err;
+  int rc = train_loader_options(&c, &three, true, &opt, &err);
+  test_check(rc != 0 && strstr(err.msg, "train.batch_size = 32") &&
+                 strstr(err.msg, "3 processes x train.accum_steps = 4 micro-batches") &&
+                 strstr(err.msg, "HINT: set train.batch_size to a multiple of 12 (24 or 36"),
+             "batch 32 on 3 processes x 4 micro-batches: refused (%s)", rc ? err.msg : "accepted");
+  Comm two = {.rank = 1, .world = 2, .local_rank = 1, .local_world = 2};
+  rc = train_loader_options(&c, &two, true, &opt, &err);
+  test_check(rc == 0 && opt.batch_size == 16 && opt.rank == 1,
+             "batch 32 on 2 processes x 4 micro-batches: the loader takes 16 a step per rank "
+             "(%d), 4 micro-batches of 4",
+             opt.batch_size);
+  c.mixup = 0.8f;
+  c.batch_size = 24;  // 2 x 4 micro-batches of 3
+  rc = train_loader_options(&c, &two, true, &opt, &err);
+  test_check(rc != 0 && strstr(err.msg, "train.mixup / train.cutmix") &&
+                 strstr(err.msg, "leaves 3 images in each (odd)") &&
+                 strstr(err.msg, "HINT: set train.batch_size to a multiple of 16"),
+             "mixup with micro-batches of 3 (24 over 2 processes x 4): refused (%s)",
+             rc ? err.msg : "accepted");
+  c.mixup = 0;
+  c.eval_batch_size = 0;
+  c.batch_size = 32;
+  rc = train_loader_options(&c, &two, false, &opt, &err);
+  test_check(rc == 0 && opt.batch_size == 4,
+             "train.eval_batch_size 0 with accumulation: one micro-batch per rank (%d)",
+             opt.batch_size);
 }
 
 static void test_broken_checkpoints(void) {
@@ -310,7 +451,10 @@ int main(void) {
   snprintf(tmp_root, sizeof tmp_root, "/tmp/swin_test_train_XXXXXX");
   if (!mkdtemp(tmp_root)) return 1;
   test_resume_exact();
+  test_accum_equals_batch();
+  test_accum_refusals();
   test_recipe_resume();
+  test_accum_recipe_resume();
   test_broken_checkpoints();
   test_sigterm();
   test_learns();

@@ -12,8 +12,8 @@
 #include "src/base/util.h"
 
 double cross_entropy_forward_backward_cpu(float *dlogits, const float *logits, const int *labels,
-                                          const float *soft_targets, float smoothing, int B,
-                                          int K) {
+                                          const float *soft_targets, float smoothing, int B, int K,
+                                          int grad_count) {
   if (B <= 0) return 0.0;
   double *row_loss = malloc_check((size_t)B * sizeof(double));
   double off_target = (double)smoothing / K;  // the smoothed mass every class gets
@@ -53,7 +53,7 @@ double cross_entropy_forward_backward_cpu(float *dlogits, const float *logits, c
       for (int k = 0; k < K; k++) {
         double target = labels ? off_target + (k == y ? 1.0 - smoothing : 0.0)
                                : (double)soft_targets[(int64_t)b * K + k];
-        g[k] = (float)((exp((double)x[k] - lse) - target) / B);
+        g[k] = (float)((exp((double)x[k] - lse) - target) / grad_count);
       }
     }
   }

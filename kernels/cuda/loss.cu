@@ -3,8 +3,9 @@
 //
 // The arithmetic of kernels/cpu/loss.c, one block per row: max in float, then in double
 // lse = max + log(sum_k exp(x_k - max)), log p_k = x_k - lse, loss = -sum_k t_k log p_k and
-// dlogits_k = (exp(log p_k) - t_k) / B. The rows are few (B*K is ~1e5 per step), so double costs
-// nothing that matters and keeps the GPU within rounding of the CPU at any logit magnitude.
+// dlogits_k = (exp(log p_k) - t_k) / grad_count. The rows are few (B*K is ~1e5 per step), so
+// double costs nothing that matters and keeps the GPU within rounding of the CPU at any logit
+// magnitude.
 // Block sums go through warp shuffles and then one warp over the warp partials: a fixed tree, so
 // the results are the same bits on every run.
 #include <cmath>
@@ -46,8 +47,8 @@ __device__ float block_max(float v, float *scratch) {
 __global__ void cross_entropy_kernel(float *__restrict__ losses, float *__restrict__ dlogits,
                                      const float *__restrict__ logits,
                                      const int *__restrict__ labels, const float *__restrict__ soft,
-                                     float smoothing, const float *__restrict__ grad_scale, int B,
-                                     int K) {
+                                     float smoothing, const float *__restrict__ grad_scale, int K,
+                                     int grad_count) {
   __shared__ float scratch_f[32];
   __shared__ double scratch_d[32];
   int b = blockIdx.x;
@@ -81,7 +82,7 @@ __global__ void cross_entropy_kernel(float *__restrict__ losses, float *__restri
     double logp = (double)x[k] - lse;
     double target = t_row ? (double)t_row[k] : off_target + (k == y ? 1.0 - smoothing : 0.0);
     loss -= target * logp;
-    if (g) g[k] = (float)((exp(logp) - target) / B * scale);
+    if (g) g[k] = (float)((exp(logp) - target) / grad_count * scale);
   }
   loss = block_sum(loss, scratch_d);
   if (threadIdx.x == 0) losses[b] = (float)loss;
@@ -132,10 +133,10 @@ __global__ void losses_accumulate_kernel(double *sum, int64_t *count, int64_t *b
 void cross_entropy_forward_backward_cuda(float *losses, float *dlogits, const float *logits,
                                          const int *labels, const float *soft_targets,
                                          float smoothing, const float *grad_scale, int B, int K,
-                                         cudaStream_t stream) {
+                                         int grad_count, cudaStream_t stream) {
   if (B <= 0 || K <= 0) return;
-  cross_entropy_kernel<<<B, kLossThreads, 0, stream>>>(losses, dlogits, logits, labels,
-                                                       soft_targets, smoothing, grad_scale, B, K);
+  cross_entropy_kernel<<<B, kLossThreads, 0, stream>>>(
+      losses, dlogits, logits, labels, soft_targets, smoothing, grad_scale, K, grad_count);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -20,14 +20,15 @@ using namespace swin_cuda;
 constexpr int kThreadsPerBlock = 256;
 
 __global__ void drop_path_scales_kernel(float *__restrict__ scales, const float *__restrict__ rates,
-                                        int units, int B, int64_t first_sample, uint64_t seed,
-                                        const int64_t *__restrict__ step) {
+                                        int units, int B, uint64_t seed,
+                                        const int64_t *__restrict__ step,
+                                        const int64_t *__restrict__ first_sample) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (int64_t)units * B) return;
   int u = (int)(i / B), b = (int)(i % B);
   float keep = 1.0f - rates[u / 2];
   float r = rng_u32_to_uniform(rng_u32_at(seed, RNG_STREAM_DROP_PATH, (uint64_t)*step, (uint64_t)u,
-                                          (uint32_t)(first_sample + b)));
+                                          (uint32_t)(*first_sample + b)));
   scales[i] = r < keep ? 1.0f / keep : 0.0f;
 }
 
@@ -57,13 +58,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 }  // namespace
 
-void drop_path_scales_cuda(float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, const int64_t *step,
-                           cudaStream_t stream) {
+void drop_path_scales_cuda(float *scales, const float *rates, int units, int B, uint64_t seed,
+                           const int64_t *step, const int64_t *first_sample, cudaStream_t stream) {
   int64_t n = (int64_t)units * B;
   if (n <= 0) return;
   drop_path_scales_kernel<<<blocks_for(n, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
-      scales, rates, units, B, first_sample, seed, step);
+      scales, rates, units, B, seed, step, first_sample);
   CUDA_CHECK_LAUNCH();
 }
 

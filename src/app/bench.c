@@ -6,6 +6,11 @@
 // inside a round; and a profiled round giving the GPU time per op family. Writes nothing; prints a
 // table and one JSON line.
 //
+// With train.accum_steps = N > 1 a step is the trainer's accumulating step: N forward and backward
+// passes of one resident micro-batch (train.batch_size / (processes x N) images; drop path keyed as
+// for N slices of a batch), their gradients summed, then one update; img/s counts train.batch_size
+// images per step, and the memory is that of one micro-batch's activations.
+//
 // Under a launcher (mpirun -np N, srun; also -np 1) a step is the trainer's data-parallel step:
 // this rank's share of train.batch_size (the global batch), its gradients averaged over the ranks
 // by the trainer's GradReducer while backward runs. Each timed round then has a twin beside it
@@ -51,6 +56,7 @@ typedef struct {
   uint8_t *pixels;    // (B, H, W, Cin) backend memory, random, resident for every step
   int *labels;        // (B)
   int B;              // this rank's share of train.batch_size
+  int accum, micro;   // micro-batches per step (train.accum_steps) and their size: B / accum
   int64_t step;       // steps queued so far
   bool wait_reduced;  // the host waits for each step's reduction before its update (profiling)
 } Bench;
@@ -82,20 +88,22 @@ static int compare_doubles(const void *a, const void *b) {
 // ---------------------------------------------------------------------------------------------
 // Setup: the trainer's device choice, batch share and reducer; one resident random batch.
 
-// This rank's batch of random pixels and labels, in backend memory (each rank its own images).
+// This rank's (micro-)batch of random pixels and labels, in backend memory (each rank its own
+// images).
 static void upload_batch(Bench *b) {
   const Config *cfg = b->cfg;
   Backend *be = &b->be;
-  size_t pixel_bytes = (size_t)b->B * cfg->img_h * cfg->img_w * cfg->in_chans;
+  size_t pixel_bytes = (size_t)b->micro * cfg->img_h * cfg->img_w * cfg->in_chans;
   uint8_t *host_pixels = malloc_check(pixel_bytes);
-  int *host_labels = malloc_check(sizeof(int) * (size_t)b->B);
+  int *host_labels = malloc_check(sizeof(int) * (size_t)b->micro);
   Rng r = rng_make(cfg->seed, RNG_STREAM_AUGMENT, UINT32_MAX, UINT32_MAX - (uint32_t)b->comm->rank);
   for (size_t i = 0; i < pixel_bytes; i++) host_pixels[i] = (uint8_t)rng_u32(&r);
-  for (int i = 0; i < b->B; i++) host_labels[i] = (int)rng_below(&r, (uint32_t)cfg->num_classes);
+  for (int i = 0; i < b->micro; i++)
+    host_labels[i] = (int)rng_below(&r, (uint32_t)cfg->num_classes);
   b->pixels = be->ops->alloc(be, pixel_bytes);
-  b->labels = be->ops->alloc(be, sizeof(int) * (size_t)b->B);
+  b->labels = be->ops->alloc(be, sizeof(int) * (size_t)b->micro);
   be->ops->upload(be, b->pixels, host_pixels, pixel_bytes);
-  be->ops->upload(be, b->labels, host_labels, sizeof(int) * (size_t)b->B);
+  be->ops->upload(be, b->labels, host_labels, sizeof(int) * (size_t)b->micro);
   free(host_pixels);
   free(host_labels);
 }
@@ -108,12 +116,14 @@ static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
   LoaderOptions share;
   if (train_loader_options(cfg, comm, true, &share, err) != 0) return -1;
   b->B = share.batch_size;
+  b->accum = cfg->accum_steps;
+  b->micro = b->B / b->accum;
   if (model_select_device(comm, cfg, err) != 0) return -1;
   Backend *be = &b->be;
   if (backend_create(be, cfg->device, cfg->precision, err) != 0) return -1;
   if (be->ops->gemm_tuning) be->ops->gemm_tuning(be, strcmp(cfg->gemm_tune, "on") == 0);
   if (comm->mpi && train_check_same_device(comm, be, err) != 0) return -1;
-  if (model_create(&b->m, cfg, be, b->B, err) != 0) return -1;
+  if (model_create(&b->m, cfg, be, b->micro, err) != 0) return -1;
   model_init_weights(&b->m, cfg->seed);
   model_weights_to_backend(&b->m);
   optimizer_create(&b->opt, &b->m, cfg);
@@ -122,7 +132,7 @@ static int bench_setup(Bench *b, const Config *cfg, Comm *comm, Error *err) {
   upload_batch(b);
   b->norm = model_input_normalize(cfg);
   if (comm->mpi && model_reducer_attach(&b->reducer, comm, &b->m, cfg, err) != 0) return -1;
-  return step_graphs_init(&b->graphs, be, cfg->cuda_graphs, comm->mpi, err);
+  return step_graphs_init(&b->graphs, be, cfg->cuda_graphs, comm->mpi, b->accum, err);
 }
 
 static void bench_teardown(Bench *b) {
@@ -141,23 +151,31 @@ static void bench_teardown(Bench *b) {
 // ---------------------------------------------------------------------------------------------
 // Steps and rounds
 
-// One step, the trainer's (src/app/train.c) on the resident batch: the step's values, then
-// learner_step (backward of this rank's share, drop path keyed by the global index of its first
-// image; under a launcher the reduction inside it; the update), as a replayed CUDA graph where it
-// can be; then, as the trainer does, a bounded host wait for the step before the last, so the
-// host never runs unboundedly ahead of work that depends on another rank. When profiling, the
-// host waits (bounded) for the reduction between backward and update instead.
+// One step, the trainer's (src/app/train.c) on the resident batch: for each micro-batch (one with
+// train.accum_steps 1) its values, then its learner_run (backward of this rank's share, drop path
+// keyed by the global index of its first image; under a launcher the reduction inside the last;
+// the update after the last), as a replayed CUDA graph where it can be; then, as the trainer does,
+// a bounded host wait for the step before the last, so the host never runs unboundedly ahead of
+// work that depends on another rank. When profiling, the host waits (bounded) for the reduction
+// between the last backward and the update instead.
 static int bench_step(Bench *b, Error *err) {
   const StepBatch batch = {.images = b->pixels, .images_dtype = DTYPE_U8, .labels = b->labels};
-  int64_t first_sample = (int64_t)b->comm->rank * b->B;
-  learner_set_step(&b->m, &b->opt, b->step, b->cfg->lr);
-  if (b->wait_reduced) {
-    learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->B, first_sample);
-    if (grad_reducer_sync(b->reducer, err) != 0) return -1;
-    learner_update(&b->m, &b->opt, b->cfg);
-  } else if (step_graphs_step(&b->graphs, &b->m, &b->opt, b->cfg, b->norm, &batch, b->B,
-                              first_sample, err) != 0) {
-    return -1;
+  if (b->accum > 1) model_zero_grads(&b->m);  // before the first micro-batch only
+  for (int k = 0; k < b->accum; k++) {
+    StepPart part = learner_part(k, b->accum);
+    int64_t first_sample = (int64_t)b->comm->rank * b->B + (int64_t)k * b->micro;
+    learner_set_step(&b->m, &b->opt, b->step, b->cfg->lr, first_sample);
+    if (b->wait_reduced && part != STEP_ACCUMULATE) {
+      if (part == STEP_WHOLE)
+        learner_backward(&b->m, &b->opt, b->cfg, b->norm, &batch, b->micro);
+      else
+        learner_accumulate(&b->m, &b->opt, b->cfg, b->norm, &batch, b->micro, true);
+      if (grad_reducer_sync(b->reducer, err) != 0) return -1;
+      learner_update(&b->m, &b->opt, b->cfg);
+    } else if (step_graphs_step(&b->graphs, &b->m, &b->opt, b->cfg, b->norm, &batch, b->micro, part,
+                                err) != 0) {
+      return -1;
+    }
   }
   b->step++;
   if (!b->reducer) return 0;
@@ -328,17 +346,28 @@ static void print_allreduce(const Bench *b, const BenchResult *r) {
          hidden, share_hidden, b->comm->world > 1 ? " or a slower rank's step" : "");
 }
 
+// The matrix-product FLOP of one step on this rank: every micro-batch's.
+static double step_flops(const Bench *b) {
+  return model_train_flops(&b->m, b->micro) * b->accum;
+}
+
 static void print_table(const Bench *b, const BenchResult *r) {
   const Config *cfg = b->cfg;
   const Backend *be = &b->be;
   int world = b->comm->world;
-  char desc[256];
+  char desc[256], share[64] = "";
   backend_describe(be, desc, sizeof desc);
-  double flops = model_train_flops(&b->m, b->B), peak = peak_flops(be);
+  double flops = step_flops(b), peak = peak_flops(be);
   double img_s = cfg->batch_size * 1e3 / r->ms_step, tflops = flops / (r->ms_step * 1e-3) / 1e12;
+  if (b->accum > 1) snprintf(share, sizeof share, "%d micro-batches x %d", b->accum, b->micro);
   if (b->reducer) {
-    printf("bench: %s, batch %d (%d process%s x %d), %lld parameters\n", desc, cfg->batch_size,
-           world, world > 1 ? "es" : "", b->B, (long long)b->m.num_values);
+    char per_rank[80];
+    if (b->accum > 1)
+      snprintf(per_rank, sizeof per_rank, "%s", share);
+    else
+      snprintf(per_rank, sizeof per_rank, "%d", b->B);
+    printf("bench: %s, batch %d (%d process%s x %s), %lld parameters\n", desc, cfg->batch_size,
+           world, world > 1 ? "es" : "", per_rank, (long long)b->m.num_values);
     printf(
         "  data parallel: %d process%s (launched via %s), gradients averaged in %d bucket%s "
         "of up to %g MiB (%s)\n",
@@ -347,6 +376,10 @@ static void print_table(const Bench *b, const BenchResult *r) {
         reduce_transport(b));
     printf("  %-34s %10.1f   (the images of all %d process%s)\n", "img/s (median round)", img_s,
            world, world > 1 ? "es" : "");
+  } else if (b->accum > 1) {
+    printf("bench: %s, batch %d (%s), %lld parameters\n", desc, cfg->batch_size, share,
+           (long long)b->m.num_values);
+    printf("  %-34s %10.1f\n", "img/s (median round)", img_s);
   } else {
     printf("bench: %s, batch %d, %lld parameters\n", desc, cfg->batch_size,
            (long long)b->m.num_values);
@@ -388,15 +421,15 @@ static void print_table(const Bench *b, const BenchResult *r) {
 static void print_json(const Bench *b, const BenchResult *r) {
   const Config *cfg = b->cfg;
   const Backend *be = &b->be;
-  double flops = model_train_flops(&b->m, b->B), peak = peak_flops(be);
+  double flops = step_flops(b), peak = peak_flops(be);
   double img_s = cfg->batch_size * 1e3 / r->ms_step, tflops = flops / (r->ms_step * 1e-3) / 1e12;
   printf(
       "{\"bench\": \"swin.c\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %d, "
-      "\"world\": %d, \"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
-      "\"memory_gib\": %.3f, \"host_waits_per_step\": %.2f, \"cuda_graphs\": %s, "
-      "\"recomputed_blocks\": %d",
-      be->ops->name, cfg->precision, cfg->batch_size, b->comm->world, img_s, r->ms_step, tflops,
-      peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step,
+      "\"accum_steps\": %d, \"world\": %d, \"img_s\": %.1f, \"ms_per_step\": %.3f, \"tflops\": "
+      "%.1f, \"mfu\": %.4f, \"memory_gib\": %.3f, \"host_waits_per_step\": %.2f, \"cuda_graphs\": "
+      "%s, \"recomputed_blocks\": %d",
+      be->ops->name, cfg->precision, cfg->batch_size, b->accum, b->comm->world, img_s, r->ms_step,
+      tflops, peak > 0 ? tflops * 1e12 / peak : 0.0, r->gib, r->waits_per_step,
       b->graphs.on && b->graphs.captured > 0 ? "true" : "false", b->m.num_recomputed);
   if (b->reducer) {
     double exposed = r->ms_step - r->ms_unreduced;

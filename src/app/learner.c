@@ -79,20 +79,29 @@ void optimizer_download_moments(Optimizer *o, const Model *m) {
   m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
 }
 
-void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr) {
-  StepParams values = {.step = step, .lr = lr};
+StepPart learner_part(int k, int accum) {
+  if (accum <= 1) return STEP_WHOLE;
+  return k < accum - 1 ? STEP_ACCUMULATE : STEP_FINISH;
+}
+
+void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr, int64_t first_sample) {
+  StepParams values = {.step = step, .first_sample = first_sample, .lr = lr};
   m->be->ops->step_params_set(m->be, o->step_params, &values);
 }
 
-void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t first_sample) {
+void learner_accumulate(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                        const StepBatch *batch, int B, bool report) {
   Backend *be = m->be;
-  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, o->step_params,
-                first_sample);
+  model_forward(m, batch->images, batch->images_dtype, norm, B, true, cfg->seed, o->step_params);
   be->ops->train_loss(be, m->acts.dlogits, m->acts.logits, batch->labels, batch->soft_targets,
-                      cfg->label_smoothing, B, cfg->num_classes, o->state);
+                      cfg->label_smoothing, B, cfg->num_classes, B * cfg->accum_steps, o->state);
+  model_backward(m, B, report);
+}
+
+void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                      const StepBatch *batch, int B) {
   model_zero_grads(m);
-  model_backward(m, B);
+  learner_accumulate(m, o, cfg, norm, batch, B, true);
 }
 
 void learner_update(Model *m, Optimizer *o, const Config *cfg) {
@@ -110,8 +119,11 @@ void learner_update(Model *m, Optimizer *o, const Config *cfg) {
   NVTX_POP();
 }
 
-void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
-                  int B, int64_t first_sample) {
-  learner_backward(m, o, cfg, norm, batch, B, first_sample);
-  learner_update(m, o, cfg);
+void learner_run(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                 int B, StepPart part) {
+  if (part == STEP_WHOLE)
+    learner_backward(m, o, cfg, norm, batch, B);
+  else
+    learner_accumulate(m, o, cfg, norm, batch, B, part == STEP_FINISH);
+  if (part != STEP_ACCUMULATE) learner_update(m, o, cfg);
 }

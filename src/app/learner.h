@@ -3,11 +3,19 @@
 // in backend memory, with host copies of the moments for checkpoints. The trainer (src/app/train.c)
 // feeds it batches from the loader; the benchmark (src/app/bench.c) feeds it one resident batch.
 //
-// What changes from one step to the next reaches the step through backend memory only: the
-// step's index and learning rate (learner_set_step, before the step), the batch's contents (in
-// the caller's fixed buffers), the optimizer state (which the step updates itself). So the
-// queued sequence of learner_step is the same from step to step, for a given batch buffer and
-// batch size, and can be captured once and replayed (src/app/step_graph.h).
+// With gradient accumulation (train.accum_steps = N > 1) an optimizer step is N parts, one per
+// micro-batch: the caller zeroes the gradients (model_zero_grads), then N - 1 STEP_ACCUMULATE
+// parts add their micro-batches' gradients, and a STEP_FINISH part adds the last one's (reported
+// to the gradient reducer as backward goes, so that under a launcher only it all-reduces) and
+// updates. Each micro-batch's loss gradient is the mean over B x N images, so the N gradients add
+// up to the gradient of one batch of B x N images; the learning rate, clipping, the fp16 loss
+// scaler's overflow check and AdamW act once, in the update. N = 1 is the STEP_WHOLE part.
+//
+// What changes from one step (or micro-batch) to the next reaches the step through backend memory
+// only: the step's index, learning rate and first sample (learner_set_step, before each part),
+// the batch's contents (in the caller's fixed buffers), the optimizer state (which the step
+// updates itself). So the queued sequence of a part is the same from step to step, for a given
+// batch buffer and batch size, and can be captured once and replayed (src/app/step_graph.h).
 #pragma once
 #include <stdint.h>
 
@@ -46,19 +54,37 @@ typedef struct {
   const float *soft_targets;  // or NULL
 } StepBatch;
 
-// Queues the values of the step about to run into o->step_params: its index `step` (the key of
-// drop path's draws) and learning rate lr, read by the learner_backward and learner_update
+// What one call of learner_run queues (see the top of this file).
+typedef enum {
+  STEP_WHOLE,       // accum_steps 1: zero the gradients, forward, loss, backward, update
+  STEP_ACCUMULATE,  // a micro-batch before the last: forward, loss, backward adding to m->grads
+  STEP_FINISH,      // the last micro-batch: forward, loss, backward (reported), update
+} StepPart;
+
+// The part micro-batch k (0-based) of a step of `accum` micro-batches runs as.
+StepPart learner_part(int k, int accum);
+
+// Queues the values of the part about to run into o->step_params: the step's index `step` (a key
+// of drop path's draws), its learning rate lr, and first_sample, the global index in the step's
+// batch of the micro-batch's first image (the other key of drop path's draws), read by the ops
 // queued after it. Queued; the host moves on at once.
-void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr);
-// The gradient of one training step on batch: forward (drop path keyed by the step index of
-// o->step_params and the global index first_sample of the batch's first image), loss
-// (label-smoothed, or against the soft targets), backward into m->grads. Queued; nothing waits.
+void learner_set_step(Model *m, Optimizer *o, int64_t step, float lr, int64_t first_sample);
+// The gradient of batch (B images, one of cfg->accum_steps micro-batches of a step) added into
+// m->grads: forward (drop path keyed by o->step_params), loss (label-smoothed, or against the soft
+// targets; its gradient the mean over B x cfg->accum_steps images), backward, which with report
+// tells the gradient reducer (m->grads_ready) of each finished bucket. Queued; nothing waits.
+void learner_accumulate(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
+                        const StepBatch *batch, int B, bool report);
+// The gradient of one whole step on batch (cfg->accum_steps 1): the gradients zeroed, then
+// learner_accumulate with report. Queued.
 void learner_backward(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                      const StepBatch *batch, int B, int64_t first_sample);
+                      const StepBatch *batch, int B);
 // The optimizer update from m->grads at the learning rate of o->step_params (gradient norm,
 // clip, AdamW, compute copy, loss scale). Queued.
 void learner_update(Model *m, Optimizer *o, const Config *cfg);
-// Both, with nothing between them (no gradient all-reduce): one process. Captured and replayed
-// by src/step_graph.h.
-void learner_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
-                  int B, int64_t first_sample);
+// One part of a step on batch, with nothing between backward and update (no host wait for the
+// gradient all-reduce, which the compute queue waits for): STEP_WHOLE is learner_backward then
+// learner_update, STEP_ACCUMULATE learner_accumulate without report, STEP_FINISH with report then
+// learner_update. Captured and replayed by src/app/step_graph.h.
+void learner_run(Model *m, Optimizer *o, const Config *cfg, Normalize norm, const StepBatch *batch,
+                 int B, StepPart part);

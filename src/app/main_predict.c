@@ -177,7 +177,7 @@ static int predict_tensors(int argc, char **argv, Error *err) {
     size_t in_bytes = e->end - e->begin;
     void *images = be->ops->alloc(be, in_bytes);
     be->ops->upload(be, images, safetensors_entry_data(&input, e), in_bytes);
-    model_forward(&p.m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, NULL, 0);
+    model_forward(&p.m, images, DTYPE_F32, (Normalize){{0}, {0}}, B, false, 0, NULL);
     int C = p.cfg.num_classes;
     float *logits = malloc_check(sizeof(float) * (size_t)B * (size_t)C);
     be->ops->download(be, logits, p.m.acts.logits, sizeof(float) * (size_t)B * C);
@@ -422,7 +422,7 @@ static int predict_batches(Predictor *p, char **paths, int n, int B, int K, cons
       rc = load_image(paths[first + k], &tp, pixels + image_bytes * k, err);
     if (rc != 0) break;
     be->ops->upload(be, input, pixels, image_bytes * (size_t)count);
-    model_forward(&p->m, input, DTYPE_U8, norm, count, false, cfg->seed, NULL, 0);
+    model_forward(&p->m, input, DTYPE_U8, norm, count, false, cfg->seed, NULL);
     be->ops->download(be, logits, p->m.acts.logits, sizeof(float) * (size_t)count * C);
     for (int k = 0; k < count; k++) {
       top_classes(logits + (size_t)k * C, C, K, prob, order);

@@ -7,10 +7,11 @@
 
 #include "src/base/nvtx.h"
 
-int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched,
+int step_graphs_init(StepGraphs *g, const Backend *be, const char *mode, bool launched, int accum,
                      Error *err) {
   memset(g, 0, sizeof *g);
   g->launched = launched;
+  g->accum = accum;
   const char *unsupported = NULL;
   if (be->device != DEVICE_CUDA || !be->ops->graph_begin) unsupported = "the CPU backend";
   if (strcmp(mode, "off") == 0) {
@@ -41,30 +42,30 @@ void step_graphs_destroy(StepGraphs *g, Backend *be) {
 
 static bool same_key(const StepGraphKey *a, const StepGraphKey *b) {
   return a->images == b->images && a->images_dtype == b->images_dtype && a->labels == b->labels &&
-         a->soft_targets == b->soft_targets && a->B == b->B && a->first_sample == b->first_sample &&
+         a->soft_targets == b->soft_targets && a->B == b->B && a->part == b->part &&
          a->variant == b->variant;
 }
 
-// Records learner_step into a graph; NULL (and err) when the backend could not capture it, in
+// Records learner_run into a graph; NULL (and err) when the backend could not capture it, in
 // which case none of it has run.
 static void *capture_step(Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                          const StepBatch *batch, int B, int64_t first_sample, int64_t *nodes,
+                          const StepBatch *batch, int B, StepPart part, int64_t *nodes,
                           Error *err) {
   Backend *be = m->be;
   if (be->ops->graph_begin(be, err) != 0) return NULL;
-  learner_step(m, o, cfg, norm, batch, B, first_sample);
+  learner_run(m, o, cfg, norm, batch, B, part);
   return be->ops->graph_end(be, nodes, err);
 }
 
 int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, Normalize norm,
-                     const StepBatch *batch, int B, int64_t first_sample, Error *err) {
+                     const StepBatch *batch, int B, StepPart part, Error *err) {
   Backend *be = m->be;
   StepGraphKey key = {.images = batch->images,
                       .images_dtype = batch->images_dtype,
                       .labels = batch->labels,
                       .soft_targets = batch->soft_targets,
                       .B = B,
-                      .first_sample = first_sample,
+                      .part = part,
                       .variant = g->variant};
   int i = 0;
   while (i < g->num_entries && !same_key(&g->entries[i].key, &key)) i++;
@@ -73,13 +74,13 @@ int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, N
     // The first step of a key runs plainly (and makes what is made on first use); so does every
     // step of a key beyond the graphs kept.
     if (g->on && !known && g->num_entries < STEP_GRAPHS_MAX) g->entries[g->num_entries++].key = key;
-    learner_step(m, o, cfg, norm, batch, B, first_sample);
+    learner_run(m, o, cfg, norm, batch, B, part);
     g->plain++;
     return 0;
   }
   if (!g->entries[i].graph) {
     Error why;
-    void *graph = capture_step(m, o, cfg, norm, batch, B, first_sample, &g->nodes, &why);
+    void *graph = capture_step(m, o, cfg, norm, batch, B, part, &g->nodes, &why);
     if (!graph) {
       step_graphs_destroy(g, be);
       g->on = false;
@@ -93,7 +94,7 @@ int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, N
               "warning: train.cuda_graphs: capturing the training step failed (%s); the run "
               "goes on with every kernel launched from the host\n",
               why.msg);
-      learner_step(m, o, cfg, norm, batch, B, first_sample);  // nothing captured has run
+      learner_run(m, o, cfg, norm, batch, B, part);  // nothing captured has run
       g->plain++;
       return 0;
     }
@@ -108,12 +109,18 @@ int step_graphs_step(StepGraphs *g, Model *m, Optimizer *o, const Config *cfg, N
 }
 
 void step_graphs_describe(const StepGraphs *g, char *buf, size_t size) {
-  int64_t steps = g->replayed + g->plain;
+  int64_t parts = g->replayed + g->plain;
+  const char *unit = g->accum > 1 ? "micro-batches" : "steps";
   if (g->captured > 0)
-    snprintf(buf, size, "%s (%lld graph%s of %lld nodes; %lld of %lld steps replayed)",
+    snprintf(buf, size, "%s (%lld graph%s of %lld nodes; %lld of %lld %s replayed)",
              g->on ? "on" : "off after a failed capture", (long long)g->captured,
              g->captured > 1 ? "s" : "", (long long)g->nodes, (long long)g->replayed,
-             (long long)steps);
+             (long long)parts, unit);
+  else if (g->on && g->accum > 1)
+    snprintf(buf, size,
+             "on (train.accum_steps = %d: a micro-batch before the last and the last one with the "
+             "update are two graphs, each captured at its second use, then replayed)",
+             g->accum);
   else if (g->on)
     snprintf(buf, size,
              "on (the training step is captured at the second step on each batch buffer, then "

@@ -1,8 +1,8 @@
-// train.c: the training loop. One step reads like the algorithm: forward, loss, backward, global
-// norm, clip and AdamW, all queued on the backend (the CPU, or a CUDA stream): batches travel as
-// uint8 from the loader's page-locked ring to the device on a copy queue while the previous step
-// computes, and the host reads the loss, gradient norm and loss scale back only at logging steps,
-// evaluations and checkpoints.
+// train.c: the training loop. One step reads like the algorithm: forward, loss, backward (for each
+// micro-batch, with train.accum_steps > 1), global norm, clip and AdamW, all queued on the backend
+// (the CPU, or a CUDA stream): batches travel as uint8 from the loader's page-locked ring to the
+// device on a copy queue while the previous step computes, and the host reads the loss, gradient
+// norm and loss scale back only at logging steps, evaluations and checkpoints.
 #define _POSIX_C_SOURCE 200809L  // sigaction: POSIX, not C11
 #include "src/app/train.h"
 
@@ -66,6 +66,8 @@ typedef struct {
   Comm *comm;            // the job; rank 0 alone writes metrics.jsonl and checkpoints
   GradReducer *reducer;  // averages the gradients over the ranks; NULL without a launcher
   LoaderOptions train_opt, eval_opt;  // this rank's share of each step and evaluation batch
+  int accum;  // micro-batches per step (train.accum_steps); the loader's batch holds them all
+  int micro;  // images per micro-batch on this rank: train_opt.batch_size / accum
   Backend be;
   Normalize norm;  // per input channel (data.mean/std given once apply to all)
   Model model;
@@ -77,13 +79,19 @@ typedef struct {
   // Per-batch augmentations (random erasing, mixup / cutmix), drawn when a training batch is
   // staged, applied on the backend to the normalized batch in the step.
   BatchAugmentOptions aug_opts;
-  bool augment, soft;   // any per-batch augmentation; soft targets (mixup / cutmix)
-  BatchAugment aug[2];  // per training slot
-  EraseBox *boxes[2];   // host (batch) per training slot
-  EraseBox *boxes_be;   // backend (batch)
-  float *soft_host[2];  // (batch, classes) per training slot, host_alloc'ed
-  float *soft_be[2];    // backend
-  float *images;        // the normalized f32 batch (batch, H, W, Cin), backend
+  bool augment, soft;    // any per-batch augmentation; soft targets (mixup / cutmix)
+  BatchAugment *aug[2];  // (accum) per training slot: one per micro-batch
+  EraseBox *boxes[2];    // host (batch) per training slot
+  EraseBox *boxes_be;    // backend (micro)
+  float *soft_host[2];   // (batch, classes) per training slot, host_alloc'ed
+  float *soft_be[2];     // backend
+  float *images;         // the normalized f32 micro-batch (micro, H, W, Cin), backend
+  // With accum > 1 the step reads each micro-batch from these fixed buffers (backend), into which
+  // its slice of the staged batch is copied first: one captured graph then serves every
+  // micro-batch (src/app/step_graph.h).
+  uint8_t *micro_pixels;  // (micro, H, W, Cin), when the step reads pixels (no augmentation)
+  int *micro_labels;      // (micro)
+  float *micro_soft;      // (micro, classes), with soft targets
   Dataset *train_set, *val_set;
   char *class_names;  // the train split's, '\n'-joined, for checkpoints (NULL: unnamed)
   Loader *loader;
@@ -113,9 +121,25 @@ static bool is_lead(const Trainer *t) {
   return t->comm->rank == 0;
 }
 
-int train_loader_options(const Config *cfg, const Comm *comm, bool train, LoaderOptions *opt,
-                         Error *err) {
-  int world = comm->world, batch = cfg->batch_size;
+// train.batch_size into world x accum micro-batches: refused naming the keys where it does not
+// divide (accum 1: among the processes), or where mixup / cutmix would get an odd micro-batch.
+static int check_batch_split(const Config *cfg, int world, Error *err) {
+  int batch = cfg->batch_size, accum = cfg->accum_steps, parts = world * accum;
+  if (accum > 1 && batch % parts != 0) {
+    int below = batch / parts * parts;
+    char choices[64];
+    if (below > 0)
+      snprintf(choices, sizeof choices, "%d or %d", below, below + parts);
+    else
+      snprintf(choices, sizeof choices, "%d", parts);
+    return error_set(err,
+                     "train.batch_size = %d (the global batch) does not divide into %d process%s "
+                     "x train.accum_steps = %d micro-batches\nHINT: set train.batch_size to a "
+                     "multiple of %d (%s; each process then runs %d micro-batches of "
+                     "train.batch_size / %d images a step), or change train.accum_steps or the "
+                     "number of processes",
+                     batch, world, world > 1 ? "es" : "", accum, parts, choices, accum, parts);
+  }
   if (batch % world != 0) {
     int below = batch / world * world;
     char choices[64];
@@ -130,7 +154,24 @@ int train_loader_options(const Config *cfg, const Comm *comm, bool train, Loader
                      "number of processes that divides %d",
                      batch, world, world, choices, world, batch);
   }
-  int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : batch;
+  int micro = batch / parts;
+  if ((cfg->mixup > 0 || cfg->cutmix > 0) && micro % 2 != 0)
+    return error_set(err,
+                     "train.mixup / train.cutmix pair each sample with the reverse of its "
+                     "micro-batch, but train.batch_size = %d over %d process%s x train.accum_steps "
+                     "= %d leaves %d images in each (odd)\nHINT: set train.batch_size to a "
+                     "multiple of %d",
+                     batch, world, world > 1 ? "es" : "", accum, micro, 2 * parts);
+  return 0;
+}
+
+int train_loader_options(const Config *cfg, const Comm *comm, bool train, LoaderOptions *opt,
+                         Error *err) {
+  int world = comm->world, batch = cfg->batch_size;
+  if (check_batch_split(cfg, world, err) != 0) return -1;
+  // The evaluation has no backward: by default it runs batches of one micro-batch per rank,
+  // which the activations are sized for.
+  int eval_batch = cfg->eval_batch_size > 0 ? cfg->eval_batch_size : batch / cfg->accum_steps;
   int online, cores = loader_process_cores(&online);
   LoaderSizing size = loader_sizing(cfg->workers, cfg->prefetch, cores, online, comm->local_world);
   *opt = (LoaderOptions){.batch_size = train ? batch / world : (eval_batch + world - 1) / world,
@@ -166,12 +207,18 @@ static void stage_batch(Trainer *t, int slot, const Batch *b) {
   t->be.ops->stage_upload(&t->be, slot, count, dst, src, bytes);
 }
 
-// Draws training batch b's erasing boxes, mixup / cutmix and soft targets into slot's buffers
-// (before it is staged: the soft targets are uploaded with it).
+// Draws training batch b's erasing boxes, mixup / cutmix and soft targets into slot's buffers,
+// micro-batch by micro-batch (before it is staged: the soft targets are uploaded with it).
 static int draw_batch_augment(Trainer *t, int slot, const Batch *b, Error *err) {
   if (!t->augment) return 0;
-  return batch_augment_draw(&t->aug_opts, b, t->cfg->img_h, t->cfg->img_w, t->boxes[slot],
-                            &t->aug[slot], t->soft ? t->soft_host[slot] : NULL, err);
+  for (int k = 0; k < t->accum; k++) {
+    int64_t first = (int64_t)k * t->micro;
+    float *soft = t->soft ? t->soft_host[slot] + first * t->cfg->num_classes : NULL;
+    if (batch_augment_draw(&t->aug_opts, b, k, t->accum, t->cfg->img_h, t->cfg->img_w,
+                           t->boxes[slot] + first, &t->aug[slot][k], soft, err) != 0)
+      return -1;
+  }
+  return 0;
 }
 
 // The loader's buffer goes back to its workers once its upload has run.
@@ -216,7 +263,7 @@ static int evaluate(Trainer *t, EvalResult *r, Error *err) {
   while (b) {
     be->ops->stage_consume(be, slot);
     if (b->count > 0) {  // a rank's share of the last batch may be empty
-      model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, NULL, 0);
+      model_forward(m, t->pixels[slot], DTYPE_U8, t->norm, b->count, false, cfg->seed, NULL);
       be->ops->eval_metrics(be, t->eval_sums, m->acts.logits, t->labels[slot], b->count,
                             cfg->num_classes);
     }
@@ -260,8 +307,9 @@ static void upload_optim_state(Trainer *t) {
 }
 
 // The state every rank agrees on. The loss windows are summed: each rank's losses are means
-// over an equal share of the global batch, so the summed loss over the summed step count is the
-// global batch's mean loss, and a non-finite loss on any rank counts. The skip counts and the
+// over an equal share of the global batch (one per micro-batch with accumulation), so the summed
+// loss over the summed count is the global batch's mean loss, and a non-finite loss on any rank
+// counts. The skip counts and the
 // gradient norm are the same on every rank (each decides from the same averaged gradients);
 // taking their largest keeps that true even if it were not. So every rank prints (rank 0) and
 // applies train.nonfinite from the same numbers.
@@ -393,7 +441,9 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
               {"gradients (fp32)", grads, ""},
               {"AdamW moments (fp32 x 2)", moments, ""},
               {"activations", acts, saved},
-              {"the step's batch slots (uint8 + labels, x4)", batches, ""},
+              {t->accum > 1 ? "batch slots (x4) and the micro-batch's"
+                            : "the step's batch slots (uint8 + labels, x4)",
+               batches, ""},
               {"scratch, tables, optimizer state", other, ""},
               {"total", total, ""}};
   printf("memory on %s:\n", t->be.ops->name);
@@ -527,6 +577,8 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   if (train_loader_options(cfg, comm, true, &t->train_opt, err) != 0 ||
       train_loader_options(cfg, comm, false, &t->eval_opt, err) != 0)
     return -1;
+  t->accum = cfg->accum_steps;
+  t->micro = t->train_opt.batch_size / t->accum;
   if (model_select_device(comm, cfg, err) != 0) return -1;
   if (backend_create(&t->be, cfg->device, cfg->precision, err) != 0) return -1;
   if (comm->mpi && train_check_same_device(comm, &t->be, err) != 0) return -1;
@@ -545,7 +597,8 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   char desc[256];
   backend_describe(&t->be, desc, sizeof desc);
   printf("device: %s%s\n", desc, strcmp(cfg->device, "auto") == 0 ? " (device=auto)" : "");
-  if (step_graphs_init(&t->graphs, &t->be, cfg->cuda_graphs, comm->mpi, err) != 0) return -1;
+  if (step_graphs_init(&t->graphs, &t->be, cfg->cuda_graphs, comm->mpi, t->accum, err) != 0)
+    return -1;
   if (dataset_open(&t->train_set, cfg, "train", err) != 0) return -1;
   if (dataset_open(&t->val_set, cfg, "val", err) != 0) return -1;
   // Measured on the H200 (data/PERF.md, version 6): while the step replays as a graph, the
@@ -575,8 +628,11 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
            gpu_decode ? "nvjpeg (stb for PNGs and what nvJPEG does not take)" : "stb",
            strcmp(cfg->decoder, "auto") == 0 ? " (data.decoder=auto)" : "");
 
-  int max_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
-                                                                   : t->eval_opt.batch_size;
+  // The activations serve one micro-batch or one evaluation batch; the staging slots hold a
+  // whole step's batch (every micro-batch of it) or an evaluation batch.
+  int max_batch = t->micro > t->eval_opt.batch_size ? t->micro : t->eval_opt.batch_size;
+  int slot_batch = t->train_opt.batch_size > t->eval_opt.batch_size ? t->train_opt.batch_size
+                                                                    : t->eval_opt.batch_size;
   Backend *be = &t->be;
   if (model_create(&t->model, cfg, be, max_batch, err) != 0) return config_error_where(cfg, err);
   Model *m = &t->model;
@@ -588,27 +644,41 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   // Optimizer: moments, chunk table and state in backend memory; host copies for checkpoints.
   optimizer_create(&t->opt, m, cfg);
   t->eval_sums = be->ops->alloc(be, sizeof(EvalSums));
-  size_t pixel_bytes = (size_t)max_batch * cfg->img_h * cfg->img_w * cfg->in_chans;
+  size_t image_bytes = (size_t)cfg->img_h * cfg->img_w * cfg->in_chans;
+  size_t pixel_bytes = (size_t)slot_batch * image_bytes;
   for (int s = 0; s < 4; s++) {
     t->pixels[s] = be->ops->alloc(be, pixel_bytes);
-    t->labels[s] = be->ops->alloc(be, sizeof(int) * (size_t)max_batch);
+    t->labels[s] = be->ops->alloc(be, sizeof(int) * (size_t)slot_batch);
   }
+  size_t batch_bytes = 4 * (pixel_bytes + sizeof(int) * (size_t)slot_batch);
   t->aug_opts = batch_augment_options(cfg, 0);
   t->augment = batch_augment_active(&t->aug_opts);
   t->soft = batch_augment_soft_targets(&t->aug_opts);
+  int B = t->train_opt.batch_size;  // the images of a step on this rank
   if (t->augment) {
-    size_t image_floats = (size_t)cfg->batch_size * cfg->img_h * cfg->img_w * cfg->in_chans;
-    t->images = be->ops->alloc(be, sizeof(float) * image_floats);
-    t->boxes_be = be->ops->alloc(be, sizeof(EraseBox) * (size_t)cfg->batch_size);
+    t->images = be->ops->alloc(be, sizeof(float) * (size_t)t->micro * image_bytes);
+    t->boxes_be = be->ops->alloc(be, sizeof(EraseBox) * (size_t)t->micro);
     for (int s = 0; s < 2; s++) {
-      t->boxes[s] = calloc_check((size_t)cfg->batch_size, sizeof(EraseBox));
+      t->boxes[s] = calloc_check((size_t)B, sizeof(EraseBox));
+      t->aug[s] = calloc_check((size_t)t->accum, sizeof(BatchAugment));
       if (!t->soft) continue;
-      size_t soft_bytes = sizeof(float) * (size_t)cfg->batch_size * (size_t)cfg->num_classes;
+      size_t soft_bytes = sizeof(float) * (size_t)B * (size_t)cfg->num_classes;
       t->soft_host[s] = be->ops->host_alloc(soft_bytes);
       if (!t->soft_host[s])
         return error_set(err, "cannot allocate %zu bytes of host memory", soft_bytes);
       t->soft_be[s] = be->ops->alloc(be, soft_bytes);
     }
+  }
+  if (t->accum > 1) {
+    t->micro_labels = be->ops->alloc(be, sizeof(int) * (size_t)t->micro);
+    batch_bytes += sizeof(int) * (size_t)t->micro;
+    if (!t->augment) {
+      t->micro_pixels = be->ops->alloc(be, (size_t)t->micro * image_bytes);
+      batch_bytes += (size_t)t->micro * image_bytes;
+    }
+    if (t->soft)
+      t->micro_soft =
+          be->ops->alloc(be, sizeof(float) * (size_t)t->micro * (size_t)cfg->num_classes);
   }
   t->state = (TrainState){.seed = cfg->seed, .loss_scale = 1.0};
 
@@ -624,15 +694,30 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   model_weights_to_backend(m);
   optimizer_upload_moments(&t->opt, m);
   upload_optim_state(t);
-  print_memory(t, optimizer_bytes(&t->opt, m), 4 * (pixel_bytes + sizeof(int) * (size_t)max_batch));
+  print_memory(t, optimizer_bytes(&t->opt, m), batch_bytes);
+  if (t->accum > 1) {
+    char ranks[48] = "";
+    if (comm->world > 1) snprintf(ranks, sizeof ranks, "%d processes x ", comm->world);
+    printf(
+        "batch: %d images a step = %s%d micro-batches x %d (train.accum_steps = %d: gradients "
+        "summed over the micro-batches, one update a step; activations for %d images)\n",
+        cfg->batch_size, ranks, t->accum, t->micro, t->accum, max_batch);
+  }
   if (comm->mpi) {
     if (model_reducer_attach(&t->reducer, comm, m, cfg, err) != 0) return -1;
+    char each[64];
+    if (t->accum > 1)
+      snprintf(each, sizeof each, "%d images each per step (%d x %d)", t->train_opt.batch_size,
+               t->accum, t->micro);
+    else
+      snprintf(each, sizeof each, "%d images each per step", t->train_opt.batch_size);
     printf(
-        "distributed: %d process%s (launched via %s), %d images each per step; gradients "
-        "averaged in %d bucket%s of up to %g MiB (%s)\n",
-        comm->world, comm->world > 1 ? "es" : "", comm->launcher, t->train_opt.batch_size,
+        "distributed: %d process%s (launched via %s), %s; gradients averaged in %d bucket%s of "
+        "up to %g MiB (%s%s)\n",
+        comm->world, comm->world > 1 ? "es" : "", comm->launcher, each,
         grad_reducer_num_buckets(t->reducer), grad_reducer_num_buckets(t->reducer) > 1 ? "s" : "",
-        (double)cfg->bucket_mb, be->device == DEVICE_CUDA ? cfg->reduce_dtype : "fp32, MPI");
+        (double)cfg->bucket_mb, be->device == DEVICE_CUDA ? cfg->reduce_dtype : "fp32, MPI",
+        t->accum > 1 ? "; after the last micro-batch only" : "");
   }
 
   LoaderOptions opt = t->train_opt;
@@ -703,8 +788,12 @@ static void trainer_teardown(Trainer *t) {
     }
     be->ops->release(be, t->images);
     be->ops->release(be, t->boxes_be);
+    be->ops->release(be, t->micro_pixels);
+    be->ops->release(be, t->micro_labels);
+    be->ops->release(be, t->micro_soft);
     for (int s = 0; s < 2; s++) {
       free(t->boxes[s]);
+      free(t->aug[s]);
       if (t->soft_host[s]) be->ops->host_release(t->soft_host[s]);
       be->ops->release(be, t->soft_be[s]);
     }
@@ -717,34 +806,69 @@ static void trainer_teardown(Trainer *t) {
 // The step: queued on the backend, nothing waits for it. With several ranks each computes the
 // gradient of its share of the batch (drop path keyed by the global sample index), and the
 // reducer averages them over the ranks while backward runs, before the optimizer reads them.
-// The step from forward to update is one learner_step, which on the GPU is a replayed CUDA graph
-// (src/app/step_graph.h; the reducer's all-reduces inside it); what changes from step to step is
-// queued before it: the step's values, the wait for the batch's upload, the batch's
-// augmentations.
+// With train.accum_steps = N > 1 the share is N micro-batches, each the next slice of the staged
+// batch (so each image keeps the global sample index one batch gives it): their gradients add up
+// and only the last one's backward reports to the reducer, so the all-reduce runs once, overlapped
+// with that backward, and the update follows it. Each part from forward to backward (and update)
+// is one learner_run, which on the GPU is a replayed CUDA graph (src/app/step_graph.h; the
+// reducer's all-reduces inside the last); what changes between parts is queued before it: the
+// part's values, the wait for the batch's upload, the micro-batch's augmentations or copy.
+
+// Micro-batch k of the batch staged in slot (train_opt.batch_size images on this rank): its images,
+// labels and soft targets as the step reads them, after the queued augmentations or copies that
+// put them there.
+static StepBatch micro_batch(Trainer *t, int slot, int k) {
+  const Config *cfg = t->cfg;
+  Backend *be = &t->be;
+  int n = t->micro;
+  size_t image_bytes = (size_t)cfg->img_h * cfg->img_w * cfg->in_chans;
+  const uint8_t *pixels = t->pixels[slot] + (size_t)k * n * image_bytes;
+  const int *labels = t->labels[slot] + (int64_t)k * n;
+  const float *soft = t->soft ? t->soft_be[slot] + (int64_t)k * n * cfg->num_classes : NULL;
+  StepBatch batch = {.images = pixels, .images_dtype = DTYPE_U8, .labels = labels};
+  if (t->augment) {  // normalize, then erase and mix on the backend
+    be->ops->images_normalize(be, t->images, pixels, t->norm, n, cfg->img_h, cfg->img_w,
+                              cfg->in_chans);
+    be->ops->batch_augment(be, t->images, &t->aug[slot][k], t->boxes_be, n, cfg->img_h, cfg->img_w,
+                           cfg->in_chans);
+    batch.images = t->images;
+    batch.images_dtype = DTYPE_F32;
+    batch.soft_targets = soft;
+  }
+  if (t->accum == 1) return batch;
+  if (!t->augment) {
+    be->ops->copy(be, t->micro_pixels, pixels, (size_t)n * image_bytes);
+    batch.images = t->micro_pixels;
+  }
+  be->ops->copy(be, t->micro_labels, labels, sizeof(int) * (size_t)n);
+  batch.labels = t->micro_labels;
+  if (soft) {
+    be->ops->copy(be, t->micro_soft, soft, sizeof(float) * (size_t)n * cfg->num_classes);
+    batch.soft_targets = t->micro_soft;
+  }
+  return batch;
+}
 
 static int train_step(Trainer *t, int slot, int B, Error *err) {
   const Config *cfg = t->cfg;
   Backend *be = &t->be;
   int64_t step = t->state.step;
-  int64_t first_sample = (int64_t)t->comm->rank * t->train_opt.batch_size;
-  learner_set_step(&t->model, &t->opt, step, (float)lr_at_step(&t->schedule, step));
+  float lr = (float)lr_at_step(&t->schedule, step);
+  // A short batch would leave micro-batches without images: the loader drops partial batches.
+  if (B != t->train_opt.batch_size)
+    return error_set(err, "training batch of %d images, %d expected", B, t->train_opt.batch_size);
   be->ops->stage_consume(be, slot);
   be->ops->mark_record(be, t->mark_begin[step % MARK_RING]);
   t->blocked[step % MARK_RING] = t->blocked_next;
-  StepBatch batch = {
-      .images = t->pixels[slot], .images_dtype = DTYPE_U8, .labels = t->labels[slot]};
-  if (t->augment) {  // normalize, then erase and mix on the backend
-    be->ops->images_normalize(be, t->images, t->pixels[slot], t->norm, B, cfg->img_h, cfg->img_w,
-                              cfg->in_chans);
-    be->ops->batch_augment(be, t->images, &t->aug[slot], t->boxes_be, B, cfg->img_h, cfg->img_w,
-                           cfg->in_chans);
-    batch.images = t->images;
-    batch.images_dtype = DTYPE_F32;
-    batch.soft_targets = t->soft ? t->soft_be[slot] : NULL;
+  if (t->accum > 1) model_zero_grads(&t->model);  // before the first micro-batch only
+  for (int k = 0; k < t->accum; k++) {
+    int64_t first_sample = (int64_t)t->comm->rank * B + (int64_t)k * t->micro;
+    learner_set_step(&t->model, &t->opt, step, lr, first_sample);
+    StepBatch batch = micro_batch(t, slot, k);
+    if (step_graphs_step(&t->graphs, &t->model, &t->opt, cfg, t->norm, &batch, t->micro,
+                         learner_part(k, t->accum), err) != 0)
+      return -1;
   }
-  if (step_graphs_step(&t->graphs, &t->model, &t->opt, cfg, t->norm, &batch, B, first_sample,
-                       err) != 0)
-    return -1;
   if (t->reducer && grad_reducer_finish_step(t->reducer, err) != 0) return -1;
   be->ops->stage_release(be, slot);
   be->ops->mark_record(be, t->mark_end[step % MARK_RING]);
@@ -904,10 +1028,17 @@ static void warn_data_wait(const Trainer *t, double data_wait) {
 
 static int log_progress(Trainer *t, const OptimState *s, double lr, double img_s, double eta,
                         double data_wait, Error *err) {
-  char eta_s[32], extra[96] = "";
+  char eta_s[32], extra[160] = "";
   format_duration(eta_s, sizeof eta_s, eta);
   double loss = s->loss_steps ? s->loss_sum / (double)s->loss_steps : NAN;
-  if (is_fp16(t)) snprintf(extra, sizeof extra, "  scale %g", (double)s->loss_scale);
+  if (t->accum > 1) {  // the step's batch in micro-batches (x ranks)
+    int n = snprintf(extra, sizeof extra, "  batch %d = %d x %d", t->cfg->batch_size, t->accum,
+                     t->micro);
+    if (t->comm->world > 1) snprintf(extra + n, sizeof extra - n, " x %d ranks", t->comm->world);
+  }
+  if (is_fp16(t))
+    snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "  scale %g",
+             (double)s->loss_scale);
   if (s->skipped)
     snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "  skipped %lld",
              (long long)s->skipped);
@@ -1007,10 +1138,13 @@ static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
   const char *decoder = loader_decoder(t->loader);
   const LoaderOptions *o = &t->train_opt;
   double per_image = r->stages.images > 0 ? 1e3 / (double)r->stages.images : 0;
+  char accum[80] = "";
+  if (t->accum > 1)
+    snprintf(accum, sizeof accum, " of %d micro-batches x %d per rank", t->accum, t->micro);
   printf(
-      "\nbench e2e: %s, %s, %d workers, ring of %d; %lld timed steps (%lld epochs of %lld "
+      "\nbench e2e: %s, %s, %d workers, ring of %d; %lld timed steps%s (%lld epochs of %lld "
       "steps) after %d warm-up steps\n",
-      dataset, decoder, o->workers, o->prefetch, (long long)r->steps,
+      dataset, decoder, o->workers, o->prefetch, (long long)r->steps, accum,
       (long long)((r->steps + t->steps_per_epoch - 1) / t->steps_per_epoch),
       (long long)t->steps_per_epoch, cfg->bench_warmup);
   printf("  end to end        %9.1f img/s  %7.2f ms/step\n", img_s, 1e3 * v[0] / (double)r->steps);
@@ -1026,10 +1160,10 @@ static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
     printf(" %s %.3f", loader_stage_names[k], r->stages.seconds[k] * per_image);
   printf(
       "\n{\"bench\": \"e2e\", \"dataset\": \"%s\", \"decoder\": \"%s\", \"workers\": %d, "
-      "\"prefetch\": %d, \"batch\": %d, \"steps\": %lld, \"img_s\": %.1f, "
+      "\"prefetch\": %d, \"batch\": %d, \"accum_steps\": %d, \"steps\": %lld, \"img_s\": %.1f, "
       "\"synthetic_img_s\": %.1f, \"ratio\": %.4f, \"data_wait\": %.4f, \"stages_ms\": {",
-      dataset, decoder, o->workers, o->prefetch, cfg->batch_size, (long long)r->steps, img_s,
-      resident_img_s, img_s / resident_img_s, wait);
+      dataset, decoder, o->workers, o->prefetch, cfg->batch_size, t->accum, (long long)r->steps,
+      img_s, resident_img_s, img_s / resident_img_s, wait);
   for (int k = 0; k < LOADER_STAGES; k++)
     printf("%s\"%s\": %.4f", k ? ", " : "", loader_stage_names[k],
            r->stages.seconds[k] * per_image);

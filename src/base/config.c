@@ -154,12 +154,21 @@ static const ConfigKey config_keys[] = {
      SCALAR(num_classes), .range = AT_LEAST(1), .shape = true},
 
     // [train]
-    {"train.batch_size", KEY_INT, "128", "images per step over all ranks", SCALAR(batch_size),
-     .range = AT_LEAST(1)},
+    {"train.batch_size", KEY_INT, "128",
+     "images per optimizer step over all ranks (with train.accum_steps > 1, summed over its "
+     "micro-batches)",
+     SCALAR(batch_size), .range = AT_LEAST(1)},
+    {"train.accum_steps", KEY_INT, "1",
+     "gradient accumulation: micro-batches per optimizer step; each rank runs N forward and "
+     "backward passes of train.batch_size / (processes x N) images, adding their gradients "
+     "(the activations sized for one micro-batch), then one update equal to that of one batch of "
+     "train.batch_size (with mixup/cutmix, pairs are formed within each micro-batch); steps, "
+     "schedule and checkpoints count optimizer steps",
+     SCALAR(accum_steps), .range = AT_LEAST(1)},
     {"train.epochs", KEY_INT, "300", "passes over the training set", SCALAR(epochs),
      .range = AT_LEAST(1)},
-    {"train.max_steps", KEY_INT64, "0", "> 0: stop after this many steps", SCALAR(max_steps),
-     .range = AT_LEAST(0)},
+    {"train.max_steps", KEY_INT64, "0", "> 0: stop after this many (optimizer) steps",
+     SCALAR(max_steps), .range = AT_LEAST(0)},
     {"train.lr", KEY_FLOAT, "5e-4", "peak learning rate (before lr_scale_batch scaling)",
      SCALAR(lr), .range = ABOVE(0)},
     {"train.lr_scale_batch", KEY_INT, "512",
@@ -216,7 +225,9 @@ static const ConfigKey config_keys[] = {
      SCALAR(log_every), .range = AT_LEAST(1)},
     {"train.eval_every", KEY_INT, "0", "steps between evaluations; 0 = at the end of every epoch",
      SCALAR(eval_every), .range = AT_LEAST(0)},
-    {"train.eval_batch_size", KEY_INT, "0", "images per evaluation batch; 0 = batch_size",
+    {"train.eval_batch_size", KEY_INT, "0",
+     "images per evaluation batch over all ranks; 0 = batch_size / accum_steps (one "
+     "micro-batch per rank)",
      SCALAR(eval_batch_size), .range = AT_LEAST(0)},
     {"train.recompute", KEY_WORD_INT, "none",
      "activation checkpointing: blocks that keep only their input in the forward and run their "
@@ -1249,11 +1260,31 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "train.cuda_graphs=on needs the CUDA backend, but device=cpu\n"
                      "HINT: set train.cuda_graphs=auto (on wherever it is supported) or off, or "
                      "device=cuda");
+  if (c->batch_size % c->accum_steps != 0) {
+    int below = c->batch_size / c->accum_steps * c->accum_steps;
+    char choices[64];
+    if (below > 0)
+      snprintf(choices, sizeof choices, "%d or %d", below, below + c->accum_steps);
+    else
+      snprintf(choices, sizeof choices, "%d", c->accum_steps);
+    return error_set(err,
+                     "train.batch_size = %d does not divide into train.accum_steps = %d "
+                     "micro-batches\nHINT: set train.batch_size to a multiple of %d (%s), or "
+                     "train.accum_steps to a divisor of %d",
+                     c->batch_size, c->accum_steps, c->accum_steps, choices, c->batch_size);
+  }
   if ((c->mixup > 0 || c->cutmix > 0) && c->batch_size % 2 != 0)
     return error_set(err,
                      "train.mixup / train.cutmix pair each sample with the batch's reverse, so "
                      "train.batch_size must be even (it is %d)\nHINT: set train.batch_size=%d",
                      c->batch_size, c->batch_size + 1);
+  if ((c->mixup > 0 || c->cutmix > 0) && (c->batch_size / c->accum_steps) % 2 != 0)
+    return error_set(err,
+                     "train.mixup / train.cutmix pair each sample with the reverse of its "
+                     "micro-batch, so train.batch_size / train.accum_steps must be even (%d / %d "
+                     "= %d)\nHINT: set train.batch_size=%d or train.accum_steps=%d",
+                     c->batch_size, c->accum_steps, c->batch_size / c->accum_steps,
+                     2 * c->batch_size, c->accum_steps / 2);
   if (c->init_head_map[0] && !c->init_from[0])
     return error_set(err,
                      "init_head_map = %s maps the classes of init_from's head, but init_from is "

@@ -42,7 +42,8 @@ typedef struct {
   int num_classes;
 
   // [train]
-  int batch_size;  // images per step, over all ranks
+  int batch_size;   // images per optimizer step, over all ranks
+  int accum_steps;  // micro-batches per optimizer step (gradient accumulation); 1 = none
   int epochs;
   int64_t max_steps;    // > 0 overrides epochs
   float lr;             // peak learning rate (before lr_scale_batch scaling)
@@ -64,7 +65,7 @@ typedef struct {
   float mixup_switch_prob;  // with both on: probability of cutmix instead of mixup
   int log_every;            // steps between progress lines / metrics records
   int eval_every;           // steps between evaluations; 0 = at the end of every epoch
-  int eval_batch_size;
+  int eval_batch_size;      // 0 = batch_size / accum_steps
   int recompute;  // blocks of each stage rebuilt in the backward: 0 none, -1 all, N the first N
   char cuda_graphs[8];  // "auto", "on" or "off": the training step as a replayed CUDA graph
 

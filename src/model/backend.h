@@ -54,12 +54,17 @@ typedef struct {
   int64_t top1, top5, count;
 } EvalSums;
 
-// The values of a training step that change from one step to the next. The step's ops read them
-// from backend memory, never as arguments, so that a step captured once into a CUDA graph
-// (src/app/step_graph.h) replays with each step's own values; step_params_set writes them.
+// The values of a training step that change from one step (or micro-batch) to the next. The
+// step's ops read them from backend memory, never as arguments, so that a step captured once into
+// a CUDA graph (src/app/step_graph.h) replays with each step's own values; step_params_set writes
+// them.
 typedef struct {
-  int64_t step;  // the step index: the key of drop path's draws
-  float lr;      // the optimizer's learning rate
+  int64_t step;  // the optimizer step's index: a key of drop path's draws
+  // The global index in the step's batch of this forward's sample 0: rank * (batch_size / world)
+  // under data parallelism, plus k * micro-batch size for micro-batch k of gradient accumulation
+  // (train.accum_steps), so every image draws what it draws in one batch on one process.
+  int64_t first_sample;
+  float lr;  // the optimizer's learning rate
   int32_t unused;
 } StepParams;
 
@@ -105,6 +110,9 @@ typedef struct {
   void (*upload)(Backend *be, void *dst, const void *src, size_t bytes);    // synchronous
   void (*download)(Backend *be, void *dst, const void *src, size_t bytes);  // waits for the queue
   void (*zero)(Backend *be, void *ptr, size_t bytes);                       // queued
+  // dst = src, bytes of backend memory each, queued on the compute queue (a micro-batch's slice
+  // of the staged batch into the fixed buffers a captured step reads).
+  void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);
   void (*synchronize)(Backend *be);
   // Sizes the backend's private scratch for the model (called once, before the first op).
   void (*reserve)(Backend *be, const BackendNeeds *needs);
@@ -156,12 +164,12 @@ typedef struct {
   void (*patch_embed_input)(Backend *be, void *patches, const void *input, DType input_dtype,
                             Normalize norm, int B, int H, int W, int Cin, int p);
   // Drop-path scales (units, B): unit u uses rate rates[u / 2]; 0 for a dropped sample, 1/keep
-  // for a kept one, drawn from (seed, step->step, unit, first_sample + b) exactly as the CPU
-  // draws them (step: backend memory). first_sample is the global index in the step's batch of
-  // this call's sample 0 (rank * B under data parallelism), so N ranks draw what one process
-  // draws for the whole batch.
+  // for a kept one, drawn from (seed, step->step, unit, step->first_sample + b) exactly as the
+  // CPU draws them (step: backend memory). step->first_sample is the global index in the step's
+  // batch of this call's sample 0, so N ranks (or N micro-batches) draw what one process draws
+  // for the whole batch.
   void (*drop_path_scales)(Backend *be, float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, const StepParams *step);
+                           uint64_t seed, const StepParams *step);
   // images (B, H, W, Cin, f32) = (pixels / 255 - mean[c]) / std[c], from uint8 pixels: the
   // input of the per-batch augmentations, which work on normalized images.
   void (*images_normalize)(Backend *be, float *images, const uint8_t *pixels, Normalize norm, int B,
@@ -235,12 +243,15 @@ typedef struct {
 
   // ---- loss and metrics ----
   // Label-smoothed cross-entropy of logits (B, K) against labels (B): dlogits = (softmax -
-  // target) / B * state->loss_scale; the mean loss is added to state->loss_sum when finite,
-  // else counted in state->bad_losses.
+  // target) / grad_count * state->loss_scale, the gradient of the mean loss over grad_count
+  // images (B for a whole batch; B x train.accum_steps for a micro-batch, so that the gradients
+  // of a step's micro-batches add up to its batch's); the B rows' mean loss is added to
+  // state->loss_sum (and 1 to loss_steps) when finite, else counted in state->bad_losses.
   // With soft_targets (B, K) (mixup / cutmix) they are the targets as given (smoothing unused)
   // and labels is ignored.
   void (*train_loss)(Backend *be, float *dlogits, const float *logits, const int *labels,
-                     const float *soft_targets, float smoothing, int B, int K, OptimState *state);
+                     const float *soft_targets, float smoothing, int B, int K, int grad_count,
+                     OptimState *state);
   // Adds the batch's unsmoothed loss sum, top-1/top-5 hits and count to sums.
   void (*eval_metrics)(Backend *be, EvalSums *sums, const float *logits, const int *labels, int B,
                        int K);

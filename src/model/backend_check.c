@@ -239,12 +239,12 @@ static void check_patch_embed_input(Backend *be, void *patches, const void *inpu
 }
 
 static void check_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                                   int64_t first_sample, uint64_t seed, const StepParams *step) {
+                                   uint64_t seed, const StepParams *step) {
   Call c = call_begin(be, CHECK_OP_drop_path_scales);
   CHECK(scales, DTYPE_F32, (int64_t)units * B);
   CHECK(rates, DTYPE_F32, (units + 1) / 2);  // unit u reads rates[u / 2]
   BYTES(step, StepParams, 1);
-  INNER->drop_path_scales(be, scales, rates, units, B, first_sample, seed, step);
+  INNER->drop_path_scales(be, scales, rates, units, B, seed, step);
 }
 
 static void check_images_normalize(Backend *be, float *images, const uint8_t *pixels,
@@ -458,14 +458,14 @@ static void check_head_backward(Backend *be, void *dtokens, float *dweight, floa
 // With soft targets the labels are ignored.
 static void check_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
                              const float *soft_targets, float smoothing, int B, int K,
-                             OptimState *state) {
+                             int grad_count, OptimState *state) {
   Call c = call_begin(be, CHECK_OP_train_loss);
   CHECK(dlogits, DTYPE_F32, (int64_t)B * K);
   CHECK(logits, DTYPE_F32, (int64_t)B * K);
   if (!soft_targets) CHECK(labels, DTYPE_I32, B);
   CHECK(soft_targets, DTYPE_F32, (int64_t)B * K);
   BYTES(state, OptimState, 1);
-  INNER->train_loss(be, dlogits, logits, labels, soft_targets, smoothing, B, K, state);
+  INNER->train_loss(be, dlogits, logits, labels, soft_targets, smoothing, B, K, grad_count, state);
 }
 
 static void check_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const int *labels,

@@ -151,9 +151,9 @@ static void cpu_patch_embed_input(Backend *be, void *patches, const void *input,
 }
 
 static void cpu_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                                 int64_t first_sample, uint64_t seed, const StepParams *params) {
+                                 uint64_t seed, const StepParams *params) {
   (void)be;
-  const int64_t step = params->step;
+  const int64_t step = params->step, first_sample = params->first_sample;
   for (int u = 0; u < units; u++) {
     // timm drop_path: keep with probability 1 - rate, kept samples scaled by 1 / keep.
     float keep = 1.0f - rates[u / 2];
@@ -289,12 +289,12 @@ static void cpu_head_backward(Backend *be, void *dtokens, float *dweight, float 
 // ---- loss, metrics, optimizer ---------------------------------------------------------------
 
 static void cpu_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
-                           const float *soft_targets, float smoothing, int B, int K,
+                           const float *soft_targets, float smoothing, int B, int K, int grad_count,
                            OptimState *state) {
   (void)be;
-  double loss =
-      cross_entropy_forward_backward_cpu(dlogits, logits, soft_targets ? NULL : labels,
-                                         soft_targets, soft_targets ? 0.0f : smoothing, B, K);
+  double loss = cross_entropy_forward_backward_cpu(dlogits, logits, soft_targets ? NULL : labels,
+                                                   soft_targets, soft_targets ? 0.0f : smoothing, B,
+                                                   K, grad_count);
   if (state->loss_scale != 1.0f)
     for (int64_t i = 0; i < (int64_t)B * K; i++) dlogits[i] *= state->loss_scale;
   if (isfinite(loss)) {
@@ -310,7 +310,7 @@ static void cpu_eval_metrics(Backend *be, EvalSums *sums, const float *logits, c
   (void)be;
   int top1, top5;
   topk_correct_cpu(logits, labels, B, K, &top1, &top5);
-  double loss = cross_entropy_forward_backward_cpu(NULL, logits, labels, NULL, 0.0f, B, K);
+  double loss = cross_entropy_forward_backward_cpu(NULL, logits, labels, NULL, 0.0f, B, K, B);
   sums->loss_sum += loss * B;
   sums->top1 += top1;
   sums->top5 += top5;
@@ -362,6 +362,7 @@ static const BackendOps cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_download,
     .zero = cpu_zero,
+    .copy = cpu_copy,
     .synchronize = cpu_synchronize,
     .reserve = cpu_reserve,
     .stage_upload = cpu_stage_upload,

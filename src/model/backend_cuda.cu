@@ -26,10 +26,12 @@
 namespace {
 
 constexpr int kSlots = 4;  // batch staging slots (the trainer uses 0/1 for training, 2/3 for eval)
-// Page-locked slots of per-step values (step_params_set): more than the steps the host ever
-// queues ahead of the GPU (the trainer: two; the benchmark: a round of 10), so its wait for a
-// slot's previous copy does not happen in either.
-constexpr int kStepSlots = 16;
+// Page-locked slots of per-step values (step_params_set, one write per step, or per micro-batch
+// with train.accum_steps): more than the writes the host queues ahead of the GPU (the trainer:
+// two steps; the benchmark: a round of 10) up to 3 micro-batches a step, so its wait for a
+// slot's previous copy does not happen there; with more micro-batches it waits, rarely, for a
+// copy queued 64 writes earlier, with that much work still queued behind it.
+constexpr int kStepSlots = 64;
 
 struct CudaState {
   int device;
@@ -208,6 +210,12 @@ void cuda_download(Backend *be, void *dst, const void *src, size_t bytes) {
 void cuda_zero(Backend *be, void *ptr, size_t bytes) {
   OpScope scope(be, OP_MEMORY);
   CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, state_of(be)->compute));
+}
+
+void cuda_copy(Backend *be, void *dst, const void *src, size_t bytes) {
+  OpScope scope(be, OP_MEMORY);
+  if (dst != src && bytes > 0)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state_of(be)->compute));
 }
 
 void cuda_synchronize(Backend *be) {
@@ -430,9 +438,9 @@ void cuda_patch_embed_input(Backend *be, void *patches, const void *input, DType
 }
 
 void cuda_drop_path_scales(Backend *be, float *scales, const float *rates, int units, int B,
-                           int64_t first_sample, uint64_t seed, const StepParams *step) {
+                           uint64_t seed, const StepParams *step) {
   OpScope scope(be, OP_ELEMENTWISE);
-  drop_path_scales_cuda(scales, rates, units, B, first_sample, seed, &step->step,
+  drop_path_scales_cuda(scales, rates, units, B, seed, &step->step, &step->first_sample,
                         state_of(be)->compute);
 }
 
@@ -601,13 +609,14 @@ void cuda_head_backward(Backend *be, void *dtokens, float *dweight, float *dbias
 // ---- loss, metrics, optimizer -----------------------------------------------------------------
 
 void cuda_train_loss(Backend *be, float *dlogits, const float *logits, const int *labels,
-                     const float *soft_targets, float smoothing, int B, int K, OptimState *state) {
+                     const float *soft_targets, float smoothing, int B, int K, int grad_count,
+                     OptimState *state) {
   OpScope scope(be, OP_LOSS);
   CudaState *st = state_of(be);
   check_batch(be, "train_loss", B);
   cross_entropy_forward_backward_cuda(
       st->row_losses, dlogits, logits, soft_targets ? nullptr : labels, soft_targets,
-      soft_targets ? 0.0f : smoothing, &state->loss_scale, B, K, st->compute);
+      soft_targets ? 0.0f : smoothing, &state->loss_scale, B, K, grad_count, st->compute);
   losses_accumulate_cuda(&state->loss_sum, &state->loss_steps, &state->bad_losses, st->row_losses,
                          B, true, st->compute);
 }
@@ -618,7 +627,7 @@ void cuda_eval_metrics(Backend *be, EvalSums *sums, const float *logits, const i
   CudaState *st = state_of(be);
   check_batch(be, "eval_metrics", B);
   cross_entropy_forward_backward_cuda(st->row_losses, nullptr, logits, labels, nullptr, 0.0f,
-                                      nullptr, B, K, st->compute);
+                                      nullptr, B, K, B, st->compute);
   losses_accumulate_cuda(&sums->loss_sum, &sums->count, nullptr, st->row_losses, B, false,
                          st->compute);
   topk_accumulate_cuda(logits, labels, B, K, &sums->top1, &sums->top5, st->compute);
@@ -644,6 +653,7 @@ const BackendOps cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
+    .copy = cuda_copy,
     .synchronize = cuda_synchronize,
     .reserve = cuda_reserve,
     .stage_upload = cuda_stage_upload,

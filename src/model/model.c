@@ -690,7 +690,7 @@ Normalize model_input_normalize(const Config *cfg) {
 }
 
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, const StepParams *step, int64_t first_sample) {
+                   bool train, uint64_t seed, const StepParams *step) {
   NVTX_PUSH("forward");
   const Config *c = &m->cfg;
   Backend *be = m->be;
@@ -703,8 +703,7 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
   m->drop_path_active = train && c->drop_path_rate > 0;
   if (m->drop_path_active) {
     bind_drop_scales(m, B);
-    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, first_sample,
-                          seed, step);
+    ops->drop_path_scales(be, x->drop_scales, m->block_drop_be, 2 * m->num_blocks, B, seed, step);
   }
 
   // Patch embedding: gather p x p patches (normalizing pixels), linear (= the strided conv),
@@ -847,11 +846,11 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
 // gradient comes before qkv's, though it lies below) is why marks fall only between blocks. A
 // block's fc2 bias, its last tensor, is written by the LN1 backward of the block after it (the
 // stage-end residual for a stage's last block), before that block's mark, which lies above it.
-static void grads_final_from(Model *m, const float *lowest) {
-  if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
+static void grads_final_from(Model *m, bool report, const float *lowest) {
+  if (report && m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
 }
 
-void model_backward(Model *m, int B) {
+void model_backward(Model *m, int B, bool report) {
   NVTX_PUSH("backward");
   const Config *c = &m->cfg;
   Backend *be = m->be;
@@ -888,7 +887,7 @@ void model_backward(Model *m, int B) {
       if (rebuilt) block_recompute(m, g, j, B);
       block_backward(m, g, j, B, rebuilt);
       block_norm1_backward(m, g, j, B);
-      grads_final_from(m, gw->blocks[g->first_block + j].norm1_w);  // the block's first tensor
+      grads_final_from(m, report, gw->blocks[g->first_block + j].norm1_w);  // its first tensor
     }
     // dbranch now holds d(stage input): back through the merge (linear, LN, gather) into dres.
     if (g->merge) {
@@ -898,7 +897,7 @@ void model_backward(Model *m, int B) {
       ops->merge_layernorm_backward(be, x->dres, gw->merge_norm_w[s], gw->merge_norm_b[s], x->dln,
                                     x->stage_out[s - 1], w->merge_norm_w[s], x->merge_mean[s],
                                     x->merge_rstd[s], B, p->H, p->W, p->C);
-      grads_final_from(m, gw->merge_norm_w[s]);
+      grads_final_from(m, report, gw->merge_norm_w[s]);
     }
     NVTX_POP();
   }
@@ -911,7 +910,7 @@ void model_backward(Model *m, int B) {
                                    x->pe_mean, x->pe_rstd, NULL, NULL, NULL, B, L0, c->embed_dim);
   ops->linear_backward(be, NULL, gw->patch_w, NULL, x->dattn, x->patches,
                        model_compute_weight(m, w->patch_w), B * L0, m->patch_dim, c->embed_dim);
-  grads_final_from(m, m->grads);
+  grads_final_from(m, report, m->grads);
   NVTX_POP();
 }
 

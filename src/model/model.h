@@ -160,10 +160,10 @@ typedef struct {
 
   int max_batch;
   bool drop_path_active;  // the last forward drew drop-path scales (training)
-  // Called by model_backward each time every gradient at float offset >= lowest_offset is final
-  // for this backward: after each block, after each patch merging, and last with 0. A
-  // data-parallel trainer starts reducing the gradient buckets above that offset while backward
-  // goes on below it (dist/reducer.h). NULL: never called.
+  // Called by model_backward (with report) each time every gradient at float offset >=
+  // lowest_offset is final for this backward: after each block, after each patch merging, and
+  // last with 0. A data-parallel trainer starts reducing the gradient buckets above that offset
+  // while backward goes on below it (dist/reducer.h). NULL: never called.
   void (*grads_ready)(void *ctx, int64_t lowest_offset);
   void *grads_ready_ctx;
   Arena acts_arena;
@@ -201,18 +201,20 @@ const void *model_compute_weight(const Model *m, const float *master);
 Normalize model_input_normalize(const Config *cfg);
 // Forward over B <= max_batch images input (B, H, W, Cin) in backend memory: uint8 pixels
 // (input_dtype U8, normalized with norm) or normalized f32 images (F32; norm unused). Logits land
-// in m->acts.logits. train enables drop path, keyed by (seed, step->step, first_sample + b), the
-// step index read from backend memory (step: StepParams in backend memory, written by
-// ops->step_params_set; unused and may be NULL when train is false). first_sample is the global
-// index of image 0 in the step's batch (rank * B under data parallelism; 0 in one process), so
-// every rank draws what one process would for the same images. Eval uses no drop path. Queued on
-// the backend; nothing waits.
+// in m->acts.logits. train enables drop path, keyed by (seed, step->step, step->first_sample +
+// b), both read from backend memory (step: StepParams in backend memory, written by
+// ops->step_params_set; unused and may be NULL when train is false). step->first_sample is the
+// global index of image 0 in the step's batch (rank * B under data parallelism, plus the offset
+// of a micro-batch; 0 in one process), so every rank and micro-batch draws what one process
+// would for the same images in one batch. Eval uses no drop path. Queued on the backend; nothing
+// waits.
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
-                   bool train, uint64_t seed, const StepParams *step, int64_t first_sample);
+                   bool train, uint64_t seed, const StepParams *step);
 // Backward of the last training forward from m->acts.dlogits (B, classes); accumulates into
-// m->grads (zero them first with model_zero_grads). Reports finished gradients to
-// m->grads_ready as it goes.
-void model_backward(Model *m, int B);
+// m->grads (zero them first with model_zero_grads; without zeroing, the gradients of several
+// micro-batches add up). With report, tells m->grads_ready of the finished gradients as it goes:
+// false for the micro-batches of a step before its last, whose sums are not final yet.
+void model_backward(Model *m, int B, bool report);
 void model_zero_grads(Model *m);
 
 // Floating-point operations of one training step (forward + backward) on B images, counting

@@ -69,7 +69,7 @@ static void check_input(Fixture *f, const char *path) {
     if (e->shape[0] <= MAX_BATCH) {  // CPU backend memory is host memory
       model_weights_to_backend(&f->model);
       model_forward(&f->model, safetensors_entry_data(&st, e), DTYPE_F32, (Normalize){{0}, {0}},
-                    (int)e->shape[0], false, 0, NULL, 0);
+                    (int)e->shape[0], false, 0, NULL);
     }
   }
   safetensors_free(&st);

@@ -98,7 +98,8 @@ static inline void *be_copy_bytes(Backend *be, const void *host, size_t bytes) {
   return d;
 }
 // Overwrites n elements of an act tensor with host floats converted to the compute type.
-// StepParams {step, lr} in fresh backend memory (for the ops that read the step's values there).
+// StepParams {step, lr} (first sample 0) in fresh backend memory (for the ops that read the step's
+// values there).
 static inline StepParams *be_step_params(Backend *be, int64_t step, float lr) {
   StepParams values = {.step = step, .lr = lr};
   return (StepParams *)be_copy_bytes(be, &values, sizeof values);

@@ -9,7 +9,8 @@
 #include "tests/util/test_train_util.h"
 
 // Trains c with its stdout also kept in run_dir.log; *replayed and *steps get the counts of the
-// last "cuda graphs:" line ("... N of M steps replayed"; 0 and 0 when it names none).
+// last "cuda graphs:" line ("... N of M steps replayed", or "micro-batches" with accumulation; 0
+// and 0 when it names none).
 static inline int train_test_run_counting_replays(const Config *c, long long *replayed,
                                                   long long *steps) {
   char path[600], line[512];
@@ -29,8 +30,7 @@ static inline int train_test_run_counting_replays(const Config *c, long long *re
     const char *p = strstr(line, "cuda graphs: ");
     if (p) printf("     %s", p);
     const char *q = p ? strstr(p, "; ") : NULL;
-    if (q && sscanf(q, "; %lld of %lld steps replayed", replayed, steps) != 2)
-      *replayed = *steps = 0;
+    if (q && sscanf(q, "; %lld of %lld", replayed, steps) != 2) *replayed = *steps = 0;
   }
   if (f) fclose(f);
   if (rc != 0) printf("     (the run's output is in %s)\n", path);

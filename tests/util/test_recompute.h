@@ -99,12 +99,12 @@ static inline RecomputeStep recompute_step(Backend *be, Config cfg, int recomput
   be->ops->upload(be, state, &init, sizeof init);
   be->ops->upload(be, step, &at, sizeof at);
 
-  model_forward(&m, pixels, DTYPE_U8, model_input_normalize(&cfg), B, true, 7, step, 0);
+  model_forward(&m, pixels, DTYPE_U8, model_input_normalize(&cfg), B, true, 7, step);
   be->ops->train_loss(be, m.acts.dlogits, m.acts.logits, labels, NULL, cfg.label_smoothing, B,
-                      cfg.num_classes, state);
+                      cfg.num_classes, B, state);
   recompute_tamper(be, &m, tamper);
   model_zero_grads(&m);
-  model_backward(&m, B);
+  model_backward(&m, B, true);
 
   r.num_logits = (int64_t)B * cfg.num_classes;
   r.num_floats = m.num_floats;
