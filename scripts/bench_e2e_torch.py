@@ -35,7 +35,7 @@ import sys
 import tarfile
 import time
 
-from bench_pytorch import DROP_PATH, timm_fused_attn
+from bench_pytorch import MODELS, timm_fused_attn
 
 # timm reads TIMM_FUSED_ATTN when it is imported (bench_loader_torch imports it).
 os.environ.setdefault("TIMM_FUSED_ATTN", timm_fused_attn("compile_fused_ro"))
@@ -115,8 +115,9 @@ def make_loader(args, count):
 
 
 def make_model(args):
-    size = args.model.split("_patch")[0]  # swin_tiny_patch4_window7_224 -> swin_tiny
-    drop_path = args.drop_path if args.drop_path is not None else DROP_PATH.get(size, 0.0)
+    # The recipe's drop path of the timm model (bench_pytorch.MODELS), 0 for another one.
+    recipe = {name: rate for name, _, rate in MODELS.values()}
+    drop_path = args.drop_path if args.drop_path is not None else recipe.get(args.model, 0.0)
     model = timm.create_model(args.model, num_classes=args.num_classes,
                               drop_path_rate=drop_path).to(args.device).train()
     lr = 5e-4 * args.batch / 512

@@ -139,7 +139,7 @@ static void test_one_rank_accum(void) {
   char log[700];
   test_check(train_ranks(&np1, 1, log, sizeof log) == 0, "mpirun -np 1, train.accum_steps=2");
   char *text = job_log(log);
-  test_check(strstr(text, "16 images each per step (2 x 16)") &&
+  test_check(strstr(text, "32 images each per step (2 x 16)") &&
                  strstr(text, "after the last micro-batch only") &&
                  strstr(text, "cuda graphs: on (2 graphs of ") &&
                  strstr(text, "10 of 12 micro-batches replayed"),
