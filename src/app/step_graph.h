@@ -3,8 +3,9 @@
 // included) cost the host one launch instead of one each, and the GPU no gap between them.
 //
 // What is captured: learner_step (src/app/learner.h), i.e. forward, loss, backward and the
-// optimizer update, every op from the patch embedding's input to AdamW's compute copy, all on
-// the compute queue. What the caller queues plainly around each step: the step's values
+// optimizer update, every op from the patch embedding's input to AdamW's compute copy (and the
+// update of the weights' moving average, which reads its decay from the optimizer state on the
+// device), all on the compute queue. What the caller queues plainly around each step: the step's values
 // (learner_set_step: index and learning rate, copied from page-locked memory to where the ops
 // read them), the compute queue's wait for the batch's upload (stage_consume) and the slot's
 // release after the step (stage_release), and the per-batch augmentations (images_normalize +

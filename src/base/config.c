@@ -168,6 +168,12 @@ static const ConfigKey config_keys[] = {
      .range = AT_LEAST(0)},
     {"train.weight_decay", KEY_FLOAT, "0.05", "AdamW decoupled weight decay", SCALAR(weight_decay),
      .range = AT_LEAST(0)},
+    {"train.layer_decay", KEY_FLOAT, "1.0",
+     "layer-wise learning-rate decay: a parameter's lr is scaled by layer_decay^(L + 1 - id), L "
+     "the number of blocks, with the official Swin code's layer ids (patch embedding 0, the "
+     "blocks 1..L in order, a patch merging with the block before it, the final norm and head "
+     "L + 1); 1 = off (official SimMIM fine-tuning of Swin-B: 0.8)",
+     SCALAR(layer_decay), .range = ABOVE_TO(0, 1)},
     {"train.beta1", KEY_FLOAT, "0.9", "AdamW decay of the first moment", SCALAR(beta1),
      .range = FROM_BELOW(0, 1)},
     {"train.beta2", KEY_FLOAT, "0.999", "AdamW decay of the second moment", SCALAR(beta2),
@@ -175,6 +181,17 @@ static const ConfigKey config_keys[] = {
     {"train.eps", KEY_FLOAT, "1e-8", "AdamW epsilon", SCALAR(eps), .range = ABOVE(0)},
     {"train.clip_grad", KEY_FLOAT, "5.0", "largest global gradient norm; 0 = no clipping",
      SCALAR(clip_grad), .range = AT_LEAST(0)},
+    {"train.ema_decay", KEY_FLOAT, "0",
+     "exponential moving average of the weights, as timm's ModelEmaV3: after each applied "
+     "update ema += (1 - decay) (weights - ema), the first copying the weights; kept in fp32, "
+     "saved in checkpoints, evaluated beside the model (eval_*_ema) and exported with "
+     "swin_export ... weights=ema; 0 = off (timm's train.py: 0.9998)",
+     SCALAR(ema_decay), .range = FROM_BELOW(0, 1)},
+    {"train.ema_warmup", KEY_BOOL, "false",
+     "with train.ema_decay: timm's decay warmup, min(ema_decay, 1 - t^(-2/3)) after t updates "
+     "(it reaches 0.9 after 32 updates, 0.999 after 31,623); false = ema_decay from the second "
+     "update on",
+     SCALAR(ema_warmup)},
     {"train.label_smoothing", KEY_FLOAT, "0.1", "label smoothing of the cross-entropy target",
      SCALAR(label_smoothing), .range = FROM_BELOW(0, 1)},
     {"train.loss_scale", KEY_FLOAT, "65536",
@@ -1227,6 +1244,12 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "eval = true and bench = %s both ask for another run than training\n"
                      "HINT: set one of them",
                      c->bench);
+  if (c->ema_warmup && c->ema_decay == 0)
+    return error_set(
+        err,
+        "train.ema_warmup = true warms up the decay of the weights' moving average, "
+        "but train.ema_decay = 0 keeps none\n"
+        "HINT: set train.ema_decay (timm's default 0.9998), or train.ema_warmup=false");
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)
