@@ -267,6 +267,7 @@ static void graphs_on_off(const char *name, const char *precision, bool augment,
       c->layer_decay = 0.8f;
       c->ema_decay = 0.9f;
       c->ema_warmup = true;
+      c->eval_every = 5;  // the average evaluated in the weights' place before the step-5 save
     }
     snprintf(c->cuda_graphs, sizeof c->cuda_graphs, "%s", k == 0 ? "on" : "off");
   }
@@ -303,10 +304,12 @@ static void graphs_resume(const char *name, bool ema) {
   Config a = gpu_config(straight, "bf16");  // the straight run of graphs_on_off
   a.max_steps = 10;
   a.ckpt_every = 5;
-  if (ema) {
+  if (ema) {  // as graphs_on_off: the straight run evaluated (the weights swapped with the
+              // average and back) before its step-5 checkpoint, which the resumed run starts from
     a.layer_decay = 0.8f;
     a.ema_decay = 0.9f;
     a.ema_warmup = true;
+    a.eval_every = 5;
   }
   Config r = a;
   snprintf(r.run_dir, sizeof r.run_dir, "%s/%s_graphs_resumed", tmp_root, name);

@@ -185,6 +185,16 @@ static void test_ema_resume(void) {
   read_losses("ema_resumed", lb, 8);
   test_check(la[6] == lb[6] && la[4] == lb[4] && la[6] > 0,
              "EMA resume: losses identical (%.6f %.6f)", la[6], lb[6]);
+
+  // Evaluations after every other step, each swapping the average into the weights' place and
+  // back: the run ends bit for bit where the one evaluated at its end alone does.
+  Config v = a;
+  snprintf(v.run_dir, sizeof v.run_dir, "%s/ema_evals", tmp_root);
+  v.eval_every = 2;
+  test_check(train_test_run(&v) == 0, "the EMA run evaluated after steps 2, 4 and 6");
+  test_check(train_test_same_tensors(ckpt_path("ema_straight", 6), ckpt_path("ema_evals", 6)),
+             "evaluating the average mid-run leaves the run bit-identical (weights, moments, "
+             "average at step 6)");
 }
 
 // A checkpoint without an average, resumed with train.ema_decay: the average starts from the
