@@ -416,17 +416,19 @@ int train_check_same_device(Comm *comm, const Backend *be, Error *err) {
                    comm->rank, cuda ? "GPU" : "CPU", cuda ? "CPU" : "GPU");
 }
 
-// Every rank starts from rank 0's weights, AdamW moments and training state: rank 0 alone
-// initialized them from init_from or resumed a checkpoint (files that may exist only on its node).
-static int share_start(Trainer *t, bool resumed, Error *err) {
+// Every rank starts from rank 0's weights, AdamW moments, moving average and training state:
+// rank 0 alone initialized them from init_from or resumed a checkpoint (files that may exist only
+// on its node). *resumed: rank 0's, whether it resumed, on every rank after the call.
+static int share_start(Trainer *t, bool *resumed, Error *err) {
   Comm *c = t->comm;
   Model *m = &t->model;
-  int32_t loaded = resumed;
+  int32_t loaded = *resumed;
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   if (comm_broadcast(c, &loaded, sizeof loaded, 0, err) != 0 ||
       comm_broadcast(c, &t->state, sizeof t->state, 0, err) != 0 ||
       comm_broadcast(c, m->weights, (int64_t)bytes, 0, err) != 0)
     return error_prefix(err, "sharing rank 0's weights: ");
+  *resumed = loaded != 0;
   if (loaded && (comm_broadcast(c, t->opt.host_exp_avg, (int64_t)bytes, 0, err) != 0 ||
                  comm_broadcast(c, t->opt.host_exp_avg_sq, (int64_t)bytes, 0, err) != 0))
     return error_prefix(err, "sharing rank 0's AdamW moments: ");
@@ -610,7 +612,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
 
   bool resumed = false;
   if (is_lead(t) && !t->e2e && lead_start(t, &resumed, err) != 0) return -1;
-  if (share_start(t, resumed, err) != 0) return -1;
+  if (share_start(t, &resumed, err) != 0) return -1;
   if (cfg->eval_only && !cfg->init_from[0] && !resumed)
     return error_set(err,
                      "eval = true: resume=%s found no checkpoint in '%s', so there are no weights "
