@@ -34,6 +34,7 @@ static void register_regions(const Optimizer *o, const Model *m, size_t chunk_by
 }
 
 void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
+  *o = (Optimizer){0};
   Backend *be = m->be;
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   o->exp_avg = be->ops->alloc(be, bytes);
