@@ -5,12 +5,12 @@
 // What is captured: learner_step (src/app/learner.h), i.e. forward, loss, backward and the
 // optimizer update, every op from the patch embedding's input to AdamW's compute copy (and the
 // update of the weights' moving average, which reads its decay from the optimizer state on the
-// device), all on the compute queue. What the caller queues plainly around each step: the step's values
-// (learner_set_step: index and learning rate, copied from page-locked memory to where the ops
-// read them), the compute queue's wait for the batch's upload (stage_consume) and the slot's
-// release after the step (stage_release), and the per-batch augmentations (images_normalize +
-// batch_augment, whose parameters are drawn on the host for each batch and passed by value),
-// which write the fixed buffer the captured step reads.
+// device), all on the compute queue. What the caller queues plainly around each step: the
+// step's values (learner_set_step: index and learning rate, copied from page-locked memory to
+// where the ops read them), the compute queue's wait for the batch's upload (stage_consume) and
+// the slot's release after the step (stage_release), and the per-batch augmentations
+// (images_normalize + batch_augment, whose parameters are drawn on the host for each batch and
+// passed by value), which write the fixed buffer the captured step reads.
 //
 // A replay repeats the recorded ops with the arguments they were given (pointers, sizes and the
 // constants of a run, such as AdamW's betas), reading their inputs anew from memory: so a graph

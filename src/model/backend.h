@@ -251,9 +251,9 @@ typedef struct {
   // dynamic_scale the scale halves); else clipped AdamW at learning rate step->lr (backend
   // memory) times each chunk's lr_scale over the chunks (AdamW's bias corrections from
   // state->adam_steps + 1), the compute copy refreshed (compute NULL when the compute type is
-  // f32), and with dynamic_scale the scale doubles after scale_window clean steps. chunks: backend memory (optim/optimizer.h); each
-  // chunk's offset a multiple of 4 (the GPU updates 16 bytes at a time; model_adamw_chunks
-  // guarantees it).
+  // f32), and with dynamic_scale the scale doubles after scale_window clean steps. chunks:
+  // backend memory (optim/optimizer.h); each chunk's offset a multiple of 4 (the GPU updates 16
+  // bytes at a time; model_adamw_chunks guarantees it).
   void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
                          OptimizerStep hyper, const StepParams *step, OptimState *state);
