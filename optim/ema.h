@@ -23,17 +23,17 @@
 
 // The settings of a run (host values, passed by value: a captured step keeps them).
 typedef struct {
-  float decay;  // train.ema_decay, in (0, 1)
-  bool warmup;  // train.ema_warmup
+  double decay;  // train.ema_decay, in (0, 1): a double, as timm's Python float
+  bool warmup;   // train.ema_warmup
 } EmaSettings;
 
 // ModelEmaV3.get_decay(step = t) with the settings above.
 static inline SWIN_HOSTDEV double ema_decay_at(EmaSettings s, int64_t t) {
   int64_t k = t - 1;  // max(0, step - update_after_step - 1)
   if (k <= 0) return 0.0;
-  if (!s.warmup) return (double)s.decay;
+  if (!s.warmup) return s.decay;
   double d = 1.0 - pow(1.0 + (double)k / 1.0, -(2.0 / 3.0));
-  d = d < (double)s.decay ? d : (double)s.decay;  // max(min(d, decay), min_decay)
+  d = d < s.decay ? d : s.decay;  // max(min(d, decay), min_decay)
   return d > 0.0 ? d : 0.0;
 }
 

@@ -41,7 +41,7 @@ static Config tiny_config(void) {
   c.qkv_bias = true;
   c.drop_path_rate = 0.3f;
   c.layer_decay = 0.8f;
-  c.ema_decay = 0.9f;
+  c.ema_decay = 0.9;
   c.ema_warmup = true;
   return c;
 }

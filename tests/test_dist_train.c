@@ -335,7 +335,7 @@ static double last_metric(const Config *c, const char *key) {
 // evaluation of the average, whose sums include rank 1's share, is the straight run's.
 static void test_resume_ema(void) {
   Config two = small_config("two_ema"), again = small_config("two_ema_resumed");
-  two.ema_decay = again.ema_decay = 0.9f;
+  two.ema_decay = again.ema_decay = 0.9;
   two.ema_warmup = again.ema_warmup = true;
   test_check(train(&two, 2) == 0, "2 ranks train 6 steps with an EMA (warmup)");
   mkdir(again.run_dir, 0755);

@@ -3,7 +3,8 @@
 //      a transcription written here of timm's ModelEmaV3 (get_decay with update_after_step 0,
 //      min_decay 0, warmup_gamma 1, warmup_power 2/3; lerp with weight 1 - decay as ATen's
 //      kernel computes it): bitwise equal; step 1 copies the weights; within float rounding of
-//      ema + (1 - decay) (weights - ema) in double; the warmup's decay landmarks.
+//      ema + (1 - decay) (weights - ema) in double; the warmup's decay landmarks; the decay key a
+//      double, as timm's.
 //   2. A skipped step (skipped_run > 0) leaves the average bitwise as it was.
 //   3. Checkpoints: the average saved as ema.<name> and loaded bit for bit; a checkpoint without
 //      one says so; a checkpoint missing one ema tensor is refused, naming it.
@@ -70,7 +71,7 @@ static int64_t count_differ(const float *a, const float *b, int64_t n) {
 enum { N = 10007, STEPS = 12, SKIP_AT = 7 };
 
 static void test_update(Backend *be, bool warmup) {
-  const float decay = 0.9f;
+  const double decay = 0.9;  // timm's Python float
   const ModelEmaV3 timm = {.decay = decay,
                            .min_decay = 0.0,
                            .update_after_step = 0,
@@ -136,7 +137,7 @@ static void test_update(Backend *be, bool warmup) {
     test_check(ema_decay_at(s, 31) < 0.9 && ema_decay_at(s, 32) == (double)decay,
                "warmup: decay below %g after 31 updates (%.6f), capped at it after 32",
                (double)decay, ema_decay_at(s, 31));
-    EmaSettings long_run = {.decay = 0.9998f, .warmup = true};
+    EmaSettings long_run = {.decay = 0.9998, .warmup = true};
     test_check(fabs(ema_decay_at(long_run, 31623) - 0.999) < 1e-6,
                "warmup: decay 0.999 after 31,623 updates (%.7f)", ema_decay_at(long_run, 31623));
   } else {
@@ -151,6 +152,27 @@ static void test_update(Backend *be, bool warmup) {
   free(ref);
 }
 
+// train.ema_decay is kept as the double written, as timm's Python float: 1 - 0.9998 is 2e-4 to the
+// float the lerp takes, where a float key would give 1 - 0.99980003 = 1.99974e-4 (0.013% off), and
+// the value travels through a checkpoint's config text unchanged.
+static void test_decay_is_a_double(void) {
+  Config c, back;
+  Error err;
+  config_defaults(&c);
+  config_defaults(&back);
+  int rc = config_apply_override(&c, "train.ema_decay=0.9998", &err);
+  char *ini = config_to_ini(&c);
+  if (rc == 0) rc = config_load_string(&back, ini, "the config text", &err);
+  free(ini);
+  EmaSettings s = {.decay = back.ema_decay};
+  test_check(rc == 0 && c.ema_decay == 0.9998 && back.ema_decay == 0.9998 &&
+                 ema_step_weight(&(OptimState){.adam_steps = 5}, s, &(float){0}) &&
+                 (float)(1.0 - ema_decay_at(s, 5)) == (float)(1.0 - 0.9998),
+             "train.ema_decay=0.9998 is the double 0.9998, through config text too (%.17g); the "
+             "lerp weight %.9g",
+             back.ema_decay, (double)(float)(1.0 - ema_decay_at(s, 5)));
+}
+
 // ---- 3: checkpoints -----------------------------------------------------------------------------
 
 static Config small_config(void) {
@@ -162,7 +184,7 @@ static Config small_config(void) {
                                            .classes = 5,
                                            .depths = {2, 2},
                                            .heads = {2, 4}});
-  c.ema_decay = 0.99f;
+  c.ema_decay = 0.99;
   config_validate(&c, NULL);
   return c;
 }
@@ -369,6 +391,7 @@ int main(void) {
   }
   test_update(&be, false);
   test_update(&be, true);
+  test_decay_is_a_double();
   backend_destroy(&be);
   char with_ema[512], without_ema[512];
   test_checkpoints(with_ema, without_ema, sizeof with_ema);

@@ -229,8 +229,8 @@ typedef struct {
 } RunKind;
 
 static const RunKind runs[] = {
-    {"fixed loss scale 1, EMA 0.5", false, 1.0f, {0.5f, false}},
-    {"dynamic loss scale from 1024, window 2, EMA 0.9 with warmup", true, 1024.0f, {0.9f, true}},
+    {"fixed loss scale 1, EMA 0.5", false, 1.0f, {0.5, false}},
+    {"dynamic loss scale from 1024, window 2, EMA 0.9 with warmup", true, 1024.0f, {0.9, true}},
 };
 
 // Gradients of step k: U(-0.01, 0.01) on the chunks (zero in the gaps, as in the model) times
@@ -355,7 +355,7 @@ static void negative_control(BackendPair *p, TestRng *rng) {
   side_create(&gpu, &p->gpu, params0, chunks, num_chunks, state0, false);
   make_grads(rng, 0, in_chunk, n, 1.0f, grads, &clip);
   OptimizerStep h = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  EmaSettings ema = {.decay = 0.5f};
+  EmaSettings ema = {.decay = 0.5};
   side_step(&cpu, grads, h, 1e-3f, ema);
   side_step(&gpu, grads, h, 1e-3f * 1.01f, ema);
   Snapshot c, g;

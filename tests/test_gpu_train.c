@@ -141,7 +141,7 @@ static void test_fp16_overflow(void) {
   Config c = gpu_config("fp16_overflow", "fp16");
   c.loss_scale = 1e30f;
   c.max_steps = 1;
-  c.ema_decay = 0.9f;  // starts at the weights; a skipped step leaves it there
+  c.ema_decay = 0.9;  // starts at the weights; a skipped step leaves it there
   test_check(train_test_run(&c) == 0, "fp16 run with loss scale 1e30 (one step)");
   const char *path = ckpt_of(&c, 1);
   double scale = ckpt_meta(path, "loss_scale"), skipped = ckpt_meta(path, "skipped_steps");
@@ -265,7 +265,7 @@ static void graphs_on_off(const char *name, const char *precision, bool augment,
     }
     if (ema) {  // per-chunk lr scales; the average's update, its decay warming up every step
       c->layer_decay = 0.8f;
-      c->ema_decay = 0.9f;
+      c->ema_decay = 0.9;
       c->ema_warmup = true;
       c->eval_every = 5;  // the average evaluated in the weights' place before the step-5 save
     }
@@ -307,7 +307,7 @@ static void graphs_resume(const char *name, bool ema) {
   if (ema) {  // as graphs_on_off: the straight run evaluated (the weights swapped with the
               // average and back) before its step-5 checkpoint, which the resumed run starts from
     a.layer_decay = 0.8f;
-    a.ema_decay = 0.9f;
+    a.ema_decay = 0.9;
     a.ema_warmup = true;
     a.eval_every = 5;
   }

@@ -145,7 +145,7 @@ static void test_recipe_resume(void) {
 static void test_ema_resume(void) {
   Config a = small_config("ema_straight");
   a.layer_decay = 0.8f;
-  a.ema_decay = 0.9f;
+  a.ema_decay = 0.9;
   a.ema_warmup = true;
   test_check(train_test_run(&a) == 0, "run of 6 steps with layer decay 0.8 and an EMA (warmup)");
   SafeTensors st;
@@ -207,7 +207,7 @@ static void test_ema_from_plain_checkpoint(void) {
   p.ckpt_keep = 10;
   test_check(train_test_run(&p) == 0, "run of 6 steps without an EMA, a checkpoint every step");
   Config e = small_config("ema_late");
-  e.ema_decay = 0.9f;
+  e.ema_decay = 0.9;
   e.ema_warmup = true;
   mkdir(e.run_dir, 0755);
   train_test_copy_file(ckpt_path("every_step", 3), ckpt_path("ema_late", 3));

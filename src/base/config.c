@@ -25,6 +25,7 @@ typedef enum {
   KEY_INT64,       // int64_t
   KEY_UINT64,      // uint64_t
   KEY_FLOAT,       // float
+  KEY_DOUBLE,      // double: a value whose arithmetic is a double's (the EMA decay, as timm's)
   KEY_INT_PAIR,    // "N" or "H,W": ints at offset and offset2 ("N" sets both)
   KEY_FLOAT_PAIR,  // "min,max" with min <= max: floats at offset and offset2
   KEY_INT_LIST,    // "a,b,c": int[capacity]; length in the int at offset2, or zero-terminated
@@ -181,7 +182,7 @@ static const ConfigKey config_keys[] = {
     {"train.eps", KEY_FLOAT, "1e-8", "AdamW epsilon", SCALAR(eps), .range = ABOVE(0)},
     {"train.clip_grad", KEY_FLOAT, "5.0", "largest global gradient norm; 0 = no clipping",
      SCALAR(clip_grad), .range = AT_LEAST(0)},
-    {"train.ema_decay", KEY_FLOAT, "0",
+    {"train.ema_decay", KEY_DOUBLE, "0",
      "exponential moving average of the weights, as timm's ModelEmaV3: after each applied "
      "update ema += (1 - decay) (weights - ema), the first copying the weights; kept in fp32, "
      "saved in checkpoints, evaluated beside the model (eval_*_ema) and exported with "
@@ -404,6 +405,14 @@ static void format_float(float v, char *buf, size_t n) {
   }
 }
 
+// The shortest decimal that reads back as exactly v (at most 17 digits).
+static void format_double(double v, char *buf, size_t n) {
+  for (int digits = 1; digits <= 17; digits++) {
+    snprintf(buf, n, "%.*g", digits, v);
+    if (strtod(buf, NULL) == v) return;
+  }
+}
+
 static const ConfigKey *find_key(const char *name) {
   for (int i = 0; i < NUM_KEYS; i++)
     if (strcmp(config_keys[i].name, name) == 0) return &config_keys[i];
@@ -466,6 +475,7 @@ static void key_expect(const ConfigKey *k, char *buf, size_t n) {
       snprintf(buf, n, "an integer from 0 to %" PRIu64, UINT64_MAX);
       break;
     case KEY_FLOAT:
+    case KEY_DOUBLE:
       snprintf(buf, n, "a number%s%s", sep, range);
       break;
     case KEY_INT_PAIR:
@@ -531,6 +541,16 @@ static bool parse_float(const ConfigKey *k, const char *s, float *out) {
   float v = (float)d;
   if (!isfinite(v) || !in_range(k->range, (double)v)) return false;
   *out = v;
+  return true;
+}
+
+// The same for a double: finite, range-checked as stored.
+static bool parse_double(const ConfigKey *k, const char *s, double *out) {
+  if (!*s || isspace((unsigned char)*s)) return false;
+  char *end;
+  double d = strtod(s, &end);
+  if (*end || !isfinite(d) || !in_range(k->range, d)) return false;
+  *out = d;
   return true;
 }
 
@@ -627,6 +647,12 @@ static int key_parse(const ConfigKey *k, const char *text, Config *cfg, char *no
       float v;
       if (!parse_float(k, text, &v)) return -1;
       *(float *)dst = v;
+      return 0;
+    }
+    case KEY_DOUBLE: {
+      double v;
+      if (!parse_double(k, text, &v)) return -1;
+      *(double *)dst = v;
       return 0;
     }
     case KEY_INT_PAIR: {
@@ -730,6 +756,9 @@ static void key_format(const ConfigKey *k, const Config *cfg, char *buf, size_t 
       break;
     case KEY_FLOAT:
       format_float(*(const float *)src, buf, n);
+      break;
+    case KEY_DOUBLE:
+      format_double(*(const double *)src, buf, n);
       break;
     case KEY_INT_PAIR: {
       int a = *(const int *)src, b = *(const int *)src2;
