@@ -21,11 +21,11 @@ constexpr int kThreadsPerBlock = 256;
 
 // What one step applies to every element, written by the decide kernel.
 struct StepScalars {
+  double bias1;  // 1 - beta1^t
   int skip;
   float grad_scale;  // clip coefficient / loss scale
-  float step_size;   // lr / (1 - beta1^t)
   float bias2_sqrt;  // sqrt(1 - beta2^t)
-  float lr;          // this step's learning rate (the decoupled weight decay's factor)
+  float lr;          // this step's learning rate, before each chunk's lr_scale
 };
 
 // The bias corrections in double, exactly as adamw_update_cpu computes them. The learning rate
@@ -34,27 +34,24 @@ __global__ void optimizer_decide_kernel(StepScalars *out, OptimState *state,
                                         const double *sum_squares, const float *lr,
                                         OptimizerStep h) {
   StepDecision d = optimizer_decide(state, *sum_squares, h);
-  const float step_lr = *lr;
-  StepScalars s = {d.skip ? 1 : 0, d.grad_scale, 0.0f, 1.0f, step_lr};
+  StepScalars s = {1.0, d.skip ? 1 : 0, d.grad_scale, 1.0f, *lr};
   if (!d.skip) {
-    double bias1 = 1.0 - pow((double)h.beta1, (double)d.t);
-    double bias2 = 1.0 - pow((double)h.beta2, (double)d.t);
-    s.step_size = (float)((double)step_lr / bias1);
-    s.bias2_sqrt = (float)sqrt(bias2);
+    s.bias1 = 1.0 - pow((double)h.beta1, (double)d.t);
+    s.bias2_sqrt = (float)sqrt(1.0 - pow((double)h.beta2, (double)d.t));
   }
   *out = s;
 }
 
-// The CPU's element update, written the same way.
+// The CPU's element update, written the same way; step_size = chunk lr / (1 - beta1^t).
 __device__ __forceinline__ void adamw_element(float &p, float grad, float &m, float &v,
                                               const StepScalars &s, const OptimizerStep &h,
-                                              float decay) {
+                                              float decay, float step_size) {
   float g = grad * s.grad_scale;
   float mi = h.beta1 * m + (1.0f - h.beta1) * g;
   float vi = h.beta2 * v + (1.0f - h.beta2) * g * g;
   m = mi;
   v = vi;
-  p = p * decay - s.step_size * mi / (sqrtf(vi) / s.bias2_sqrt + h.eps);
+  p = p * decay - step_size * mi / (sqrtf(vi) / s.bias2_sqrt + h.eps);
 }
 
 // Block b updates chunk b: 4 elements per thread per iteration with 16-byte accesses (chunk
@@ -69,7 +66,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const StepScalars s = *scalars;
   if (s.skip) return;
   const AdamWChunk ch = chunks[blockIdx.x];
-  const float decay = 1.0f - s.lr * ch.weight_decay;  // torch's decoupled decay, as on the CPU
+  // The chunk's learning rate and what follows from it, as adamw_update_cpu computes them from
+  // the lr the CPU backend hands it: torch's decoupled decay, and lr / (1 - beta1^t) in double.
+  const float lr = s.lr * ch.lr_scale;
+  const float decay = 1.0f - lr * ch.weight_decay;
+  const float step_size = (float)((double)lr / s.bias1);
   const int64_t base = ch.offset;
   int i = threadIdx.x * 4;
   for (; i + 4 <= ch.count; i += blockDim.x * 4) {
@@ -78,10 +79,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float4 g4 = *reinterpret_cast<const float4 *>(grads + e);
     float4 m4 = *reinterpret_cast<float4 *>(m + e);
     float4 v4 = *reinterpret_cast<float4 *>(v + e);
-    adamw_element(p4.x, g4.x, m4.x, v4.x, s, h, decay);
-    adamw_element(p4.y, g4.y, m4.y, v4.y, s, h, decay);
-    adamw_element(p4.z, g4.z, m4.z, v4.z, s, h, decay);
-    adamw_element(p4.w, g4.w, m4.w, v4.w, s, h, decay);
+    adamw_element(p4.x, g4.x, m4.x, v4.x, s, h, decay, step_size);
+    adamw_element(p4.y, g4.y, m4.y, v4.y, s, h, decay, step_size);
+    adamw_element(p4.z, g4.z, m4.z, v4.z, s, h, decay, step_size);
+    adamw_element(p4.w, g4.w, m4.w, v4.w, s, h, decay, step_size);
     *reinterpret_cast<float4 *>(params + e) = p4;
     *reinterpret_cast<float4 *>(m + e) = m4;
     *reinterpret_cast<float4 *>(v + e) = v4;
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (int t = (ch.count & ~3) + threadIdx.x; t < ch.count; t += blockDim.x) {
     int64_t e = base + t;
     float p = params[e], mi = m[e], vi = v[e];
-    adamw_element(p, grads[e], mi, vi, s, h, decay);
+    adamw_element(p, grads[e], mi, vi, s, h, decay, step_size);
     params[e] = p;
     m[e] = mi;
     v[e] = vi;

@@ -38,12 +38,17 @@ typedef struct {
   int32_t scale_window;  // clean steps before the scale doubles
 } OptimizerStep;
 
-// One contiguous piece of the flat parameter buffer with its weight decay: the fused update
-// runs over a table of these (a few thousand elements each), so one launch covers every tensor.
+// One contiguous piece of the flat parameter buffer with its weight decay and learning-rate
+// scale: the fused update runs over a table of these (a few thousand elements each), so one
+// launch covers every tensor. A chunk lies inside one tensor, so per-tensor settings are exact
+// per chunk. The chunk's learning rate is the step's times lr_scale (float product, on both
+// backends): train.layer_decay's factor (src/model/model.h), 1 without it. Like torch's
+// per-group lr, it scales the decoupled weight decay too.
 typedef struct {
   int64_t offset;
   int32_t count;
   float weight_decay;
+  float lr_scale;
 } AdamWChunk;
 
 // The factors one update applies to every element.

@@ -2,7 +2,8 @@
 """Draws a swin.c run's curves from RUN_DIR/metrics.jsonl into a PNG.
 
 Usage: python3 scripts/plot_metrics.py RUN_DIR/metrics.jsonl [OUT.png]
-Left: training loss (per logged window) against step; right: eval top-1 / top-5 (%) against step.
+Left: training loss (per logged window) against step; right: eval top-1 / top-5 (%) against step,
+and the top-1 of the weights' moving average when the run keeps one (train.ema_decay).
 Needs matplotlib (Debian: apt-get install python3-matplotlib, or pip install matplotlib).
 A resumed run appends to the same file; when a step appears twice the later record wins.
 """
@@ -51,6 +52,10 @@ def main():
         steps = [r["step"] for r in evals]
         ax_acc.plot(steps, [r["eval_top1"] for r in evals], "o-", label="top-1")
         ax_acc.plot(steps, [r["eval_top5"] for r in evals], "s--", label="top-5")
+        ema = [r for r in evals if "eval_top1_ema" in r]
+        if ema:
+            ax_acc.plot([r["step"] for r in ema], [r["eval_top1_ema"] for r in ema], "^:",
+                        label="top-1 (EMA)")
         best = max(evals, key=lambda r: r["eval_top1"])
         ax_acc.annotate(f'{best["eval_top1"]:.2f}%', (best["step"], best["eval_top1"]),
                         textcoords="offset points", xytext=(0, -14), ha="center")

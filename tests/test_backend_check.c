@@ -5,11 +5,13 @@
 //      mismatch, a pointer into the alignment gap of the flat weights, two registrations that
 //      overlap. Each runs in a child process; the same call with the right arguments runs to its
 //      end there (the negative control: the check is what aborts).
-//   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias) trains two steps the way
-//      the trainer queues them (normalize, mixup, forward, loss, backward, optimizer) and
-//      evaluates: every pointer of an op that takes only model and optimizer memory lies in a
-//      registered region (the registration is complete), the batch's pointers are exactly the
-//      unchecked ones, and the checked table computes the same bits as the backend's own.
+//   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias, layer decay, a moving
+//      average of the weights) trains two steps the way the trainer queues them (normalize,
+//      mixup, forward, loss, backward, optimizer, average) and evaluates the weights and the
+//      average (swapped in and back): every pointer of an op that takes only model and optimizer
+//      memory lies in a registered region (the registration is complete), the batch's pointers are
+//      exactly the unchecked ones, and the checked table computes the same bits as the backend's
+//      own.
 //   3. What the model and the optimizer register, they unregister when destroyed.
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -38,6 +40,9 @@ static Config tiny_config(void) {
   c.mlp_ratio = 2.0f;
   c.qkv_bias = true;
   c.drop_path_rate = 0.3f;
+  c.layer_decay = 0.8f;
+  c.ema_decay = 0.9;
+  c.ema_warmup = true;
   return c;
 }
 
@@ -61,6 +66,7 @@ static int run_create(Run *r, Backend *be, const Config *c, Error *err) {
   model_init_weights(&r->m, 5);
   model_weights_to_backend(&r->m);
   optimizer_create(&r->o, &r->m, c);
+  optimizer_ema_from_weights(&r->o, &r->m);
   OptimState state = {.loss_scale = 1.0f};
   be->ops->upload(be, r->o.state, &state, sizeof state);
   int64_t n = batch_values(c);
@@ -87,8 +93,9 @@ static void run_destroy(Run *r, Backend *be) {
   model_destroy(&r->m);
 }
 
-// Two training steps as the trainer queues them, an evaluation, and the compute-copy refresh
-// (whole-buffer arguments; a copy onto itself in f32).
+// Two training steps as the trainer queues them, an evaluation of the weights and one of the
+// average (swapped into the weights' place and back), and the compute-copy refresh (whole-buffer
+// arguments; a copy onto itself in f32).
 static void run_steps(Run *r, Backend *be, const Config *c) {
   Normalize norm = model_input_normalize(c);
   BatchAugment mixup = {.mix = {.mode = MIX_MIXUP, .lam = 0.7}};
@@ -102,6 +109,10 @@ static void run_steps(Run *r, Backend *be, const Config *c) {
   }
   model_forward(&r->m, r->pixels, DTYPE_U8, norm, BATCH, false, c->seed, NULL);
   be->ops->eval_metrics(be, r->sums, r->m.acts.logits, r->labels, BATCH, c->num_classes);
+  optimizer_swap_ema(&r->o, &r->m);
+  model_forward(&r->m, r->pixels, DTYPE_U8, norm, BATCH, false, c->seed, NULL);
+  be->ops->eval_metrics(be, r->sums, r->m.acts.logits, r->labels, BATCH, c->num_classes);
+  optimizer_swap_ema(&r->o, &r->m);
   be->ops->to_compute(be, r->m.compute, r->m.master, r->m.num_floats);
 }
 
@@ -286,8 +297,10 @@ static void test_training_checked(Backend *be, const Config *c) {
   size_t weights = sizeof(float) * (size_t)a.m.num_floats;
   test_check(memcmp(a.m.weights, b.m.weights, weights) == 0 &&
                  memcmp(a.o.exp_avg, b.o.exp_avg, weights) == 0 &&
-                 memcmp(a.o.exp_avg_sq, b.o.exp_avg_sq, weights) == 0,
-             "weights and AdamW moments after two steps: bitwise those of the unchecked table");
+                 memcmp(a.o.exp_avg_sq, b.o.exp_avg_sq, weights) == 0 &&
+                 memcmp(a.o.ema, b.o.ema, weights) == 0,
+             "weights, AdamW moments and the average after two steps: bitwise those of the "
+             "unchecked table");
   test_check(memcmp(a.o.state, b.o.state, sizeof(OptimState)) == 0 &&
                  memcmp(a.sums, b.sums, sizeof(EvalSums)) == 0 &&
                  memcmp(a.m.acts.logits, b.m.acts.logits,

@@ -77,21 +77,23 @@ static void test_save_refuses_nonfinite(TestRng *r) {
   const Param *p = &f.m.params[5];
   Error err;
   f.m.weights[p->offset + 2] = NAN;
-  int rc =
-      checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
+  int rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, NULL, &s, NULL, 3, path, sizeof path,
+                           &err);
   test_check(rc == -1 && strstr(err.msg, p->t.name) && strstr(err.msg, "nan") &&
                  strstr(err.msg, "element 2") && count_files(dir) == 0,
              "save refuses a NaN weight, naming '%s', writing nothing: %.90s", p->t.name, err.msg);
   f.m.weights[p->offset + 2] = 0.5f;
   const Param *q = &f.m.params[f.m.num_params - 1];
   f.exp_avg_sq[q->offset] = INFINITY;
-  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
+  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, NULL, &s, NULL, 3, path, sizeof path,
+                       &err);
   char name[160];
   snprintf(name, sizeof name, "optim.exp_avg_sq.%s", q->t.name);
   test_check(rc == -1 && strstr(err.msg, name) && strstr(err.msg, "inf") && count_files(dir) == 0,
              "save refuses an infinite second moment, naming '%s'", name);
   f.exp_avg_sq[q->offset] = 1e-7f;
-  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, &s, NULL, 3, path, sizeof path, &err);
+  rc = checkpoint_save(dir, &f.m, f.exp_avg, f.exp_avg_sq, NULL, &s, NULL, 3, path, sizeof path,
+                       &err);
   test_check(rc == 0 && count_files(dir) == 1, "the finite state saves");
   fixture_free(&f);
 }
@@ -152,14 +154,14 @@ static void test_load_refuses(TestRng *r) {
   snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->t.name);
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     write_altered(good, bad, cases[k].tensor, cases[k].value, cases[k].key, cases[k].meta);
-    int rc = checkpoint_load(bad, &f.m, f.exp_avg, f.exp_avg_sq, &s, &err);
+    int rc = checkpoint_load(bad, &f.m, f.exp_avg, f.exp_avg_sq, NULL, &s, &err);
     bool untouched = memcmp(before, f.m.weights, sizeof(float) * (size_t)f.m.num_floats) == 0;
     test_check(rc == -1 && strstr(err.msg, cases[k].needle) && strstr(err.msg, bad) &&
                    (!cases[k].tensor || strstr(err.msg, cases[k].tensor)) && untouched,
                "load refuses %s (file and tensor named, model untouched): %.80s", cases[k].what,
                strstr(err.msg, "': ") ? strstr(err.msg, "': ") + 3 : err.msg);
   }
-  int rc = checkpoint_load(good, &f.m, f.exp_avg, f.exp_avg_sq, &s, &err);
+  int rc = checkpoint_load(good, &f.m, f.exp_avg, f.exp_avg_sq, NULL, &s, &err);
   test_check(rc == 0 && s.step == 3, "the unaltered checkpoint loads");
 
   // init_from: an exported file with a NaN (f32) or an infinity (bf16) in one tensor.

@@ -76,6 +76,12 @@ expect "stage maps must tile into windows" 1 "window" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" model.window_size=6
 expect "bf16 on the CPU is rejected" 1 "precision=bf16 needs the CUDA backend" -- \
   "$bin" --dry-run "$src/configs/swin_tiny.ini" device=cpu precision=bf16
+expect "train.layer_decay must be in (0, 1]" 1 "bad value '1\.5' for key 'train\.layer_decay'" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" train.layer_decay=1.5
+expect "train.ema_decay must be below 1" 1 "bad value '1' for key 'train\.ema_decay'" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" train.ema_decay=1
+expect "train.ema_warmup without an EMA" 1 "train\.ema_warmup = true .* but train\.ema_decay = 0 keeps none" -- \
+  "$bin" --dry-run "$src/configs/swin_tiny.ini" train.ema_warmup=true
 expect "missing dataset directory" 1 "data\.path" -- \
   "$bin" "$src/configs/fashion_mnist.ini" data.path="$tmp/none" run_dir="$tmp/run"
 
@@ -92,6 +98,9 @@ expect "swin_export .onnx refuses a bad batch" 2 "bad argument 'batch=-3'" -- \
   "$build/swin_export" a b.onnx batch=-3
 expect "swin_export batch= needs an ONNX output" 2 "applies only to ONNX output" -- \
   "$build/swin_export" a b.safetensors batch=4
+expect "swin_export refuses a bad weights=" 2 "bad argument 'weights=average'" -- \
+  "$build/swin_export" a b.safetensors weights=average
+expect "swin_export usage names weights=" 2 "\[weights=model\|ema\]" -- "$build/swin_export"
 expect "swin_export .onnx refuses a missing checkpoint" 1 "missing\.safetensors" -- \
   "$build/swin_export" "$tmp/missing.safetensors" "$tmp/out.onnx" dtype=f16 batch=2
 

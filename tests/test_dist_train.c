@@ -13,6 +13,8 @@
 //     the file, with a non-zero exit;
 //   - a 2-process run resumed from its checkpoint ends bit-identical to the straight run; one
 //     process resumes it too (another world size continues the same run, within tolerance);
+//     with the moving average of the weights (train.ema_decay), every rank resumes rank 0's
+//     average: checkpoints and the evaluation of the average (summed over the ranks) identical;
 //   - SIGTERM to every rank, to one rank, or SIGUSR1 to mpirun: one checkpoint, exit 0;
 //   - configs/fashion_mnist.ini runs under mpirun -np 2;
 //   - its benchmark (bench=1) under mpirun -np 2 measures the data-parallel step: the all-reduce
@@ -320,6 +322,45 @@ static void test_resume(void) {
              "within %.1e (tol %.0e)",
              dw, WEIGHT_TOL, dl, LOSS_TOL);
   model_destroy(&m);
+}
+
+// The value of `key` ("\"eval_loss_ema\": ") in the last record of a run's metrics.jsonl that has
+// it; NAN if none.
+static double last_metric(const Config *c, const char *key) {
+  char path[700], line[1024];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", c->run_dir);
+  FILE *f = fopen(path, "r");
+  double v = NAN;
+  while (f && fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, key);
+    if (p) v = atof(p + strlen(key));
+  }
+  if (f) fclose(f);
+  return v;
+}
+
+// A 2-rank run with an EMA resumed on 2 ranks: rank 1 takes rank 0's average (broadcast), so the
+// evaluation of the average, whose sums include rank 1's share, is the straight run's.
+static void test_resume_ema(void) {
+  Config two = small_config("two_ema"), again = small_config("two_ema_resumed");
+  two.ema_decay = again.ema_decay = 0.9;
+  two.ema_warmup = again.ema_warmup = true;
+  test_check(train(&two, 2) == 0, "2 ranks train 6 steps with an EMA (warmup)");
+  mkdir(again.run_dir, 0755);
+  train_test_copy_file(train_test_ckpt(two.run_dir, 3), train_test_ckpt(again.run_dir, 3));
+  snprintf(again.resume, sizeof again.resume, "auto");
+  test_check(train(&again, 2) == 0, "2 ranks resume it from step 3");
+  test_check(
+      train_test_same_tensors(train_test_ckpt(two.run_dir, 6), train_test_ckpt(again.run_dir, 6)),
+      "2-rank EMA resume: weights, moments and the average at step 6 bit-identical");
+  double a = last_metric(&two, "\"eval_loss_ema\": "),
+         b = last_metric(&again, "\"eval_loss_ema\": ");
+  double ta = last_metric(&two, "\"eval_top1_ema\": "),
+         tb = last_metric(&again, "\"eval_top1_ema\": ");
+  test_check(isfinite(a) && a == b && ta == tb,
+             "2-rank EMA resume: the evaluation of the average over both ranks' shares identical "
+             "(loss %.6f vs %.6f, top-1 %.2f vs %.2f)",
+             a, b, ta, tb);
 }
 
 // Rank r's share of a batch holds the samples the loader's permutation puts there: epoch 0's
@@ -711,6 +752,7 @@ int main(int argc, char **argv) {
   test_accum();
   test_batch_must_divide();
   test_resume();
+  test_resume_ema();
   test_shards(2);
   test_shards(3);
   test_corrupt_image();

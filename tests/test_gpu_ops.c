@@ -712,13 +712,16 @@ static void run_eval_metrics(OpRun *r, const void *arg) {
 // Fake parameter tensors laid out as the model lays out its own: each at a multiple of
 // OPT_ALIGN floats (chunk offsets must be multiples of 4), the gaps in no chunk (zero gradients,
 // parameters the update leaves alone), each cut into chunks of at most OPT_CHUNK elements as
-// model_adamw_chunks cuts them, ragged (chunks of 232, 37, 3 and 1).
+// model_adamw_chunks cuts them, ragged (chunks of 232, 37, 3 and 1), each with its own lr scale
+// (train.layer_decay 0.8 at several depths, and 1).
 typedef struct {
   int numel;
   bool decay;
+  float lr_scale;
 } FakeTensor;
 
-static const FakeTensor opt_tensors[] = {{1000, true}, {37, false}, {515, true}, {1, false}};
+static const FakeTensor opt_tensors[] = {
+    {1000, true, 0.512f}, {37, false, 0.64f}, {515, true, 0.8f}, {1, false, 1.0f}};
 enum { OPT_TENSORS = sizeof opt_tensors / sizeof opt_tensors[0], OPT_ALIGN = 16, OPT_CHUNK = 256 };
 #define OPT_WEIGHT_DECAY 0.05f
 
@@ -738,8 +741,10 @@ static int opt_chunks(AdamWChunk *chunks, bool *in_chunk) {
     for (int off = 0; off < t->numel; off += OPT_CHUNK, k++) {
       if (!chunks) continue;
       int count = t->numel - off < OPT_CHUNK ? t->numel - off : OPT_CHUNK;
-      chunks[k] = (AdamWChunk){
-          .offset = base + off, .count = count, .weight_decay = t->decay ? OPT_WEIGHT_DECAY : 0.0f};
+      chunks[k] = (AdamWChunk){.offset = base + off,
+                               .count = count,
+                               .weight_decay = t->decay ? OPT_WEIGHT_DECAY : 0.0f,
+                               .lr_scale = t->lr_scale};
       for (int e = 0; e < count; e++) in_chunk[base + off + e] = true;
     }
     base += (t->numel + OPT_ALIGN - 1) / OPT_ALIGN * OPT_ALIGN;
@@ -818,6 +823,36 @@ static void run_optimizer_step(OpRun *r, const void *arg) {
     free(cc);
   }
   result_values(r, "compute copy: elements not the rounded params", &stale, 1);
+}
+
+typedef struct {
+  EmaSettings s;
+  int64_t t;     // the optimizer state's adam_steps: the update's index
+  bool skipped;  // the optimizer step before it was skipped (skipped_run 1)
+} EmaCase;
+
+// The average's update after an optimizer step, from a random average towards random weights
+// over a ragged length (tail n % 4 = 3).
+static void run_ema_update(OpRun *r, const void *arg) {
+  const EmaCase *c = arg;
+  const int64_t n = 4099;
+  float *ema = dev_f32(r, draw_f32(r, n, -1.0f, 1.0f), n);
+  const float *weights = dev_f32(r, draw_f32(r, n, -1.0f, 1.0f), n);
+  OptimState s0 = state_start(1.0f);
+  s0.adam_steps = c->t;
+  s0.skipped_run = c->skipped ? 1 : 0;
+  const OptimState *state = dev_bytes(r, &s0, sizeof s0);
+  r->be->ops->ema_update(r->be, ema, weights, n, c->s, state);
+  result_f32(r, "ema", ema, n);
+}
+
+static void run_weights_swap(OpRun *r, const void *arg) {
+  const int64_t n = *(const int64_t *)arg;
+  float *a = dev_f32(r, draw_f32(r, n, -1.0f, 1.0f), n);
+  float *b = dev_f32(r, draw_f32(r, n, -1.0f, 1.0f), n);
+  r->be->ops->weights_swap(r->be, a, b, n);
+  result_f32(r, "a", a, n);
+  result_f32(r, "b", b, n);
 }
 
 // ---- the table ----------------------------------------------------------------------------------
@@ -1115,6 +1150,40 @@ static const OpRow rows[] = {
       {"adam_steps, skipped, skipped_run, loss_scale, good_steps", EXACT},
       {"grad_norm is finite", EXACT},
       {"compute copy: elements not the rounded params", EXACT}}},
+
+    // The same fma per element from the same float weight on both (the decay is a double pow,
+    // glibc's on the CPU and CUDA's on the GPU, within an ulp of each other in double, far below
+    // the rounding of 1 - decay to float): bitwise.
+    {"ema_update",
+     "warmup, 3rd update: decay 1 - 3^(-2/3), lerp weight 0.48 (the self + w d form)",
+     run_ema_update,
+     &(const EmaCase){{0.9, true}, 3, false},
+     {{"ema", EXACT}}},
+    {"ema_update",
+     "warmup, 2nd update: lerp weight 0.63 (the end - (1 - w) d form)",
+     run_ema_update,
+     &(const EmaCase){{0.9, true}, 2, false},
+     {{"ema", EXACT}}},
+    {"ema_update",
+     "decay 0.9998, update 100, no warmup",
+     run_ema_update,
+     &(const EmaCase){{0.9998, false}, 100, false},
+     {{"ema", EXACT}}},
+    {"ema_update",
+     "the first update: a copy of the weights",
+     run_ema_update,
+     &(const EmaCase){{0.9998, false}, 1, false},
+     {{"ema", EXACT}}},
+    {"ema_update",
+     "after a skipped step: unchanged",
+     run_ema_update,
+     &(const EmaCase){{0.9, true}, 5, true},
+     {{"ema", EXACT}}},
+    {"weights_swap",
+     "n = 1027 (a ragged tail)",
+     run_weights_swap,
+     &(const int64_t){1027},
+     {{"a", EXACT}, {"b", EXACT}}},
 };
 #define NUM_ROWS ((int)(sizeof rows / sizeof rows[0]))
 

@@ -1,11 +1,14 @@
-// test_gpu_optim.c: the CUDA backend's optimizer_step against the CPU backend's on a fake flat
-// parameter buffer laid out as the model lays out its own (tensors at 16-float boundaries, with
-// and without weight decay, cut into chunks as model_adamw_chunks cuts them, some chunks with a
-// count that is not a multiple of 4, gaps between tensors that no chunk covers).
+// test_gpu_optim.c: the CUDA backend's optimizer_step and ema_update against the CPU backend's
+// on a fake flat parameter buffer laid out as the model lays out its own (tensors at 16-float
+// boundaries, with and without weight decay, each with its own layer-decay lr scale, cut into
+// chunks as model_adamw_chunks cuts them, some chunks with a count that is not a multiple of 4,
+// gaps between tensors that no chunk covers), with the moving average of the weights updated
+// after every step (train.ema_decay; warmup in the dynamic-scale run).
 //
 // Five steps from zero moments, so the bias corrections change every step: clean without
 // clipping, clean with the clip active, a gradient with an inf (skipped: parameters, moments and
-// compute copy bitwise unchanged, skipped and skipped_run counted, adam_steps not advanced), clean
+// compute copy and the average bitwise unchanged, skipped and skipped_run counted, adam_steps not
+// advanced), clean
 // with the clip inactive, clean again. Run once with a fixed loss scale of 1 and once with a
 // dynamic scale from 1024 (window 2: the scale doubles after steps 2 and 5, halves at the skip);
 // gradients are handed in multiplied by the current scale, as the backward produces them. In fp32
@@ -18,20 +21,22 @@
 #include "src/model/model.h"
 
 // Fake tensors: sizes chosen for ragged chunk tails (count % 4 = 1, 2, 3), a tensor of exactly one
-// chunk, one of several, a single value.
+// chunk, one of several, a single value; lr scales as train.layer_decay 0.8 gives them at several
+// depths (and 1, the head's), different between neighbours.
 typedef struct {
   int64_t numel;
   bool decay;
+  float lr_scale;
 } FakeParam;
 
 static const FakeParam layout[] = {
-    {2 * MODEL_ADAMW_CHUNK + 1000, true},  // three chunks
-    {37, false},
-    {4 * 96 + 3, false},
-    {MODEL_ADAMW_CHUNK, true},
-    {4099, true},
-    {1, false},
-    {5002, false},
+    {2 * MODEL_ADAMW_CHUNK + 1000, true, 0.32768f},  // three chunks; 0.8^5
+    {37, false, 0.4096f},
+    {4 * 96 + 3, false, 0.4096f},
+    {MODEL_ADAMW_CHUNK, true, 0.512f},
+    {4099, true, 0.64f},
+    {1, false, 0.8f},
+    {5002, false, 1.0f},
 };
 #define NUM_FAKE ((int)(sizeof layout / sizeof layout[0]))
 #define WEIGHT_DECAY 0.05f
@@ -55,7 +60,8 @@ static int layout_chunks(AdamWChunk *chunks, bool *in_chunk) {
       chunks[n] =
           (AdamWChunk){.offset = base + off,
                        .count = (int32_t)(left < MODEL_ADAMW_CHUNK ? left : MODEL_ADAMW_CHUNK),
-                       .weight_decay = layout[i].decay ? WEIGHT_DECAY : 0.0f};
+                       .weight_decay = layout[i].decay ? WEIGHT_DECAY : 0.0f,
+                       .lr_scale = layout[i].lr_scale};
       for (int64_t e = 0; e < chunks[n].count; e++) in_chunk[chunks[n].offset + e] = true;
     }
     base += (layout[i].numel + MODEL_PARAM_ALIGN - 1) / MODEL_PARAM_ALIGN * MODEL_PARAM_ALIGN;
@@ -68,6 +74,7 @@ typedef struct {
   Backend *be;
   int64_t n;
   float *params, *m, *v, *grads;
+  float *ema;     // the moving average of params (n), started at params0
   void *compute;  // (n, act), or NULL in fp32
   AdamWChunk *chunks;
   int num_chunks;
@@ -77,7 +84,7 @@ typedef struct {
 
 // Host copies of a side's state.
 typedef struct {
-  float *params, *m, *v, *compute;  // compute as floats, or NULL
+  float *params, *m, *v, *ema, *compute;  // compute as floats, or NULL
   OptimState state;
 } Snapshot;
 
@@ -92,6 +99,7 @@ static void side_create(OptSide *s, Backend *be, const float *params0, const Ada
   s->m = be_copy_f32(be, zeros, n);
   s->v = be_copy_f32(be, zeros, n);
   s->grads = be_copy_f32(be, zeros, n);
+  s->ema = be_copy_f32(be, params0, n);
   s->compute = NULL;
   if (with_compute) {
     // The compute copy as model_weights_to_backend makes it.
@@ -105,7 +113,8 @@ static void side_create(OptSide *s, Backend *be, const float *params0, const Ada
   free(zeros);
 }
 static void side_destroy(OptSide *s) {
-  void *bufs[] = {s->params, s->m, s->v, s->grads, s->compute, s->chunks, s->state, s->step_params};
+  void *bufs[] = {s->params,  s->m,      s->v,     s->grads,      s->ema,
+                  s->compute, s->chunks, s->state, s->step_params};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(s->be, bufs[i]);
 }
 
@@ -113,18 +122,21 @@ static void snapshot_alloc(Snapshot *t, int64_t n) {
   t->params = test_alloc_floats(n);
   t->m = test_alloc_floats(n);
   t->v = test_alloc_floats(n);
+  t->ema = test_alloc_floats(n);
   t->compute = test_alloc_floats(n);
 }
 static void snapshot_free(Snapshot *t) {
   free(t->params);
   free(t->m);
   free(t->v);
+  free(t->ema);
   free(t->compute);
 }
 static void side_save(OptSide *s, Snapshot *t) {
   be_read_f32(s->be, t->params, s->params, s->n);
   be_read_f32(s->be, t->m, s->m, s->n);
   be_read_f32(s->be, t->v, s->v, s->n);
+  be_read_f32(s->be, t->ema, s->ema, s->n);
   if (s->compute) be_read_act(s->be, t->compute, s->compute, s->n);
   s->be->ops->download(s->be, &t->state, s->state, sizeof t->state);
 }
@@ -133,17 +145,21 @@ static void side_restore(OptSide *s, const Snapshot *t) {
   be->ops->upload(be, s->params, t->params, sizeof(float) * (size_t)s->n);
   be->ops->upload(be, s->m, t->m, sizeof(float) * (size_t)s->n);
   be->ops->upload(be, s->v, t->v, sizeof(float) * (size_t)s->n);
+  be->ops->upload(be, s->ema, t->ema, sizeof(float) * (size_t)s->n);
   if (s->compute) be_write_act(be, s->compute, t->compute, s->n);
   be->ops->upload(be, s->state, &t->state, sizeof t->state);
 }
-// One update at learning rate lr (in backend memory, where the trainer's update reads it).
-static void side_step(OptSide *s, const float *grads, OptimizerStep hyper, float lr) {
+// One update at learning rate lr (in backend memory, where the trainer's update reads it), then
+// the average's, as learner_update queues them.
+static void side_step(OptSide *s, const float *grads, OptimizerStep hyper, float lr,
+                      EmaSettings ema) {
   Backend *be = s->be;
   StepParams at = {.lr = lr};
   be->ops->upload(be, s->grads, grads, sizeof(float) * (size_t)s->n);
   be->ops->upload(be, s->step_params, &at, sizeof at);
   be->ops->optimizer_step(be, s->params, s->compute, s->grads, s->m, s->v, s->n, s->chunks,
                           s->num_chunks, hyper, s->step_params, s->state);
+  be->ops->ema_update(be, s->ema, s->params, s->n, ema, s->state);
 }
 
 // ---- checks ------------------------------------------------------------------------------------
@@ -156,12 +172,15 @@ static void side_step(OptSide *s, const float *grads, OptimizerStep hyper, float
 // grad_norm is a double sum of squares in another order: ~1e-16 relative.
 #define TOL_NORM 1e-12
 
-// Cumulative updates of both sides from params0.
+// Cumulative updates of both sides from params0. The average is the same lerp on both (bitwise
+// for the same inputs: tests/test_gpu_ops.c's ema_update rows), of parameters that differ by
+// AdamW's fma: its increment carries theirs, weighted by at most 1, so TOL_UPDATE again.
 static void check_params(const char *ctx, const Snapshot *got, const Snapshot *want,
                          const float *params0, int64_t n) {
   test_compare_increment(ctx, "params", got->params, want->params, params0, n, TOL_UPDATE);
   test_compare(ctx, "m", got->m, want->m, n, TOL_F32);
   test_compare(ctx, "v", got->v, want->v, n, TOL_F32);
+  test_compare_increment(ctx, "ema", got->ema, want->ema, params0, n, TOL_UPDATE);
 }
 
 static void check_state(const char *ctx, const OptimState *g, const OptimState *w) {
@@ -206,11 +225,12 @@ typedef struct {
   const char *name;
   bool dynamic_scale;
   float loss_scale;
+  EmaSettings ema;
 } RunKind;
 
 static const RunKind runs[] = {
-    {"fixed loss scale 1", false, 1.0f},
-    {"dynamic loss scale from 1024, window 2", true, 1024.0f},
+    {"fixed loss scale 1, EMA 0.5", false, 1.0f, {0.5, false}},
+    {"dynamic loss scale from 1024, window 2, EMA 0.9 with warmup", true, 1024.0f, {0.9, true}},
 };
 
 // Gradients of step k: U(-0.01, 0.01) on the chunks (zero in the gaps, as in the model) times
@@ -276,12 +296,12 @@ static void run_steps(BackendPair *p, const RunKind *run, TestRng *rng) {
     make_grads(rng, k, in_chunk, n, cb.state.loss_scale, grads, &h.clip_grad);
     snprintf(ctx, sizeof ctx, "optimizer_step [%s] %s, step %d (%s)", p->precision, run->name,
              k + 1, step_name(k));
-    side_step(&cpu, grads, h, lr);
+    side_step(&cpu, grads, h, lr, run->ema);
     side_save(&cpu, &ca);
-    side_step(&gpu, grads, h, lr);
+    side_step(&gpu, grads, h, lr, run->ema);
     side_save(&gpu, &ga);
     side_restore(&gpu, &gb);
-    side_step(&gpu, grads, h, lr);
+    side_step(&gpu, grads, h, lr, run->ema);
     side_save(&gpu, &ga2);
 
     check_params(ctx, &ga, &ca, params0, n);
@@ -291,6 +311,9 @@ static void run_steps(BackendPair *p, const RunKind *run, TestRng *rng) {
       test_same_bits(ctx, "params unchanged by the skipped step", ga.params, gb.params, n);
       test_same_bits(ctx, "m unchanged", ga.m, gb.m, n);
       test_same_bits(ctx, "v unchanged", ga.v, gb.v, n);
+      test_same_bits(ctx, "the average unchanged", ga.ema, gb.ema, n);
+    } else if (k == 0) {
+      test_same_bits(ctx, "the first update's average = the params", ga.ema, ga.params, n);
     }
     if (gpu.compute) {
       float *rounded = test_copy_floats(ga.params, n);
@@ -301,6 +324,7 @@ static void run_steps(BackendPair *p, const RunKind *run, TestRng *rng) {
     test_same_bits(ctx, "params, two GPU runs", ga.params, ga2.params, n);
     test_same_bits(ctx, "m, two GPU runs", ga.m, ga2.m, n);
     test_same_bits(ctx, "v, two GPU runs", ga.v, ga2.v, n);
+    test_same_bits(ctx, "ema, two GPU runs", ga.ema, ga2.ema, n);
     if (gpu.compute) test_same_bits(ctx, "compute, two GPU runs", ga.compute, ga2.compute, n);
     test_check(memcmp(&ga.state, &ga2.state, sizeof ga.state) == 0,
                "%s: OptimState, two GPU runs bitwise equal", ctx);
@@ -331,8 +355,9 @@ static void negative_control(BackendPair *p, TestRng *rng) {
   side_create(&gpu, &p->gpu, params0, chunks, num_chunks, state0, false);
   make_grads(rng, 0, in_chunk, n, 1.0f, grads, &clip);
   OptimizerStep h = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  side_step(&cpu, grads, h, 1e-3f);
-  side_step(&gpu, grads, h, 1e-3f * 1.01f);
+  EmaSettings ema = {.decay = 0.5};
+  side_step(&cpu, grads, h, 1e-3f, ema);
+  side_step(&gpu, grads, h, 1e-3f * 1.01f, ema);
   Snapshot c, g;
   snapshot_alloc(&c, n);
   snapshot_alloc(&g, n);

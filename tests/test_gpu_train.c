@@ -2,14 +2,16 @@
 // seed give the same bits; a run resumed from its step-3 checkpoint ends with the same weights,
 // moments and losses as the straight run; a GPU checkpoint resumes on the CPU and a CPU one on
 // the GPU; fp16 with an overflowing loss scale skips the step, halves the scale and leaves the
-// weights and moments untouched; fp16 with the default scale trains. CUDA graphs
-// (train.cuda_graphs, src/app/step_graph.h): a run whose steps are replayed graphs ends bitwise
-// equal to the same run launched kernel by kernel (weights, moments, every step's loss), with and
-// without the per-batch augmentations, and resumes exactly. With gemm_tune = on the run writes
-// its timed GEMM choices to run_dir/gemm_choices.txt, and a run resumed from its step-3
-// checkpoint with that file ends bitwise equal to the straight tuned run. Gradient accumulation
-// (train.accum_steps): fp32 micro-batches train what one batch trains (float tolerance, with a
-// negative control), graphs on vs off bitwise (with the augmentations too), resume exact.
+// weights, moments and the moving average of the weights untouched; fp16 with the default scale
+// trains. CUDA graphs (train.cuda_graphs, src/app/step_graph.h): a run whose steps are replayed
+// graphs ends bitwise equal to the same run launched kernel by kernel (weights, moments, every
+// step's loss), with and without the per-batch augmentations, and with layer decay and the moving
+// average (whose decay the captured step reads from the device), and resumes exactly. With
+// gemm_tune = on the run writes its timed GEMM choices to run_dir/gemm_choices.txt, and a run
+// resumed from its step-3 checkpoint with that file ends bitwise equal to the straight tuned run.
+// Gradient accumulation (train.accum_steps): fp32 micro-batches train what one batch trains
+// (float tolerance, with a negative control), graphs on vs off bitwise (with the augmentations
+// too), resume exact.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <sys/stat.h>
@@ -173,6 +175,7 @@ static void test_fp16_overflow(void) {
   Config c = gpu_config("fp16_overflow", "fp16");
   c.loss_scale = 1e30f;
   c.max_steps = 1;
+  c.ema_decay = 0.9;  // starts at the weights; a skipped step leaves it there
   test_check(train_test_run(&c) == 0, "fp16 run with loss scale 1e30 (one step)");
   const char *path = ckpt_of(&c, 1);
   double scale = ckpt_meta(path, "loss_scale"), skipped = ckpt_meta(path, "skipped_steps");
@@ -196,13 +199,19 @@ static void test_fp16_overflow(void) {
     model_destroy(&m);
     return;
   }
-  int changed = 0, nonzero_moments = 0;
+  int changed = 0, nonzero_moments = 0, ema_changed = 0;
   for (int i = 0; i < m.num_params; i++) {
     const Param *p = &m.params[i];
     const SafeTensorEntry *e = safetensors_find(&st, p->t.name);
     if (!e || memcmp(safetensors_entry_data(&st, e), m.weights + p->offset,
                      sizeof(float) * (size_t)tensor_numel(&p->t)) != 0)
       changed++;
+    char ema_name[160];
+    snprintf(ema_name, sizeof ema_name, "ema.%s", p->t.name);
+    const SafeTensorEntry *a = safetensors_find(&st, ema_name);
+    if (!a || memcmp(safetensors_entry_data(&st, a), m.weights + p->offset,
+                     sizeof(float) * (size_t)tensor_numel(&p->t)) != 0)
+      ema_changed++;
     const char *prefix[2] = {"optim.exp_avg.", "optim.exp_avg_sq."};
     for (int k = 0; k < 2; k++) {
       char name[160];
@@ -213,9 +222,10 @@ static void test_fp16_overflow(void) {
       if (!x) nonzero_moments++;
     }
   }
-  test_check(changed == 0 && nonzero_moments == 0,
-             "skipped step: weights untouched (%d tensors changed), moments zero (%d nonzero)",
-             changed, nonzero_moments);
+  test_check(changed == 0 && nonzero_moments == 0 && ema_changed == 0,
+             "skipped step: weights untouched (%d tensors changed), moments zero (%d nonzero), the "
+             "average still the initial weights (%d tensors differ)",
+             changed, nonzero_moments, ema_changed);
   safetensors_free(&st);
   model_destroy(&m);
 
@@ -244,7 +254,7 @@ static bool same_losses(const Config *a, const Config *b, int from, int to) {
 // and 1 run plainly (each slot's first), 2 and 3 are captured and replayed, 4..9 replayed; a log
 // and a read-back every step, a checkpoint at step 5, the evaluation at the end. Graphs change
 // the launches only: the weights, moments and losses must be the same bits.
-static void graphs_on_off(const char *name, const char *precision, bool augment) {
+static void graphs_on_off(const char *name, const char *precision, bool augment, bool ema) {
   char on_name[64], off_name[64];
   snprintf(on_name, sizeof on_name, "%s_graphs_on", name);
   snprintf(off_name, sizeof off_name, "%s_graphs_off", name);
@@ -259,13 +269,20 @@ static void graphs_on_off(const char *name, const char *precision, bool augment)
       c->cutmix = 1.0f;
       c->reprob = 0.25f;
     }
+    if (ema) {  // per-chunk lr scales; the average's update, its decay warming up every step
+      c->layer_decay = 0.8f;
+      c->ema_decay = 0.9;
+      c->ema_warmup = true;
+      c->eval_every = 5;  // the average evaluated in the weights' place before the step-5 save
+    }
     snprintf(c->cuda_graphs, sizeof c->cuda_graphs, "%s", k == 0 ? "on" : "off");
   }
   long long replayed, steps, replayed_off, steps_off;
   int rc_on = train_test_run_counting_replays(&on, &replayed, &steps);
   int rc_off = train_test_run_counting_replays(&off, &replayed_off, &steps_off);
-  test_check(rc_on == 0 && rc_off == 0, "%s %s%s: 10 steps with train.cuda_graphs=on and off", name,
-             precision, augment ? " with mixup, cutmix and erasing" : "");
+  test_check(rc_on == 0 && rc_off == 0, "%s %s%s%s: 10 steps with train.cuda_graphs=on and off",
+             name, precision, augment ? " with mixup, cutmix and erasing" : "",
+             ema ? " with layer decay 0.8 and an EMA (warmup)" : "");
   if (rc_on != 0 || rc_off != 0) return;
   test_check(replayed == 8 && steps == 10 && replayed_off == 0,
              "%s: graphs on replayed 8 of 10 steps (got %lld of %lld), off none (%lld)", name,
@@ -275,28 +292,47 @@ static void graphs_on_off(const char *name, const char *precision, bool augment)
              "%s: graphs on vs off: weights and moments bit-identical at steps 5 and 10", name);
   test_check(same_losses(&on, &off, 1, 10), "%s: graphs on vs off: losses of steps 1..10 identical",
              name);
+  if (ema) {
+    SafeTensors st;
+    Error err;
+    bool has = safetensors_read(&st, ckpt_of(&on, 10), &err) == 0 &&
+               safetensors_find(&st, "ema.head.fc.weight") != NULL;
+    if (has) safetensors_free(&st);
+    test_check(has, "%s: the checkpoints compared hold the average (ema.head.fc.weight)", name);
+  }
 }
 
 // A run with graphs on resumed from its step-5 checkpoint (graphs on again, the resumed run's
-// slots captured anew) ends bitwise where the straight run ends.
-static void graphs_resume(void) {
-  Config a = gpu_config("bf16_graphs_on", "bf16");  // the straight run of graphs_on_off
+// slots captured anew) ends bitwise where the straight run ends (with ema: the average too).
+static void graphs_resume(const char *name, bool ema) {
+  char straight[64];
+  snprintf(straight, sizeof straight, "%s_graphs_on", name);
+  Config a = gpu_config(straight, "bf16");  // the straight run of graphs_on_off
   a.max_steps = 10;
   a.ckpt_every = 5;
+  if (ema) {  // as graphs_on_off: the straight run evaluated (the weights swapped with the
+              // average and back) before its step-5 checkpoint, which the resumed run starts from
+    a.layer_decay = 0.8f;
+    a.ema_decay = 0.9;
+    a.ema_warmup = true;
+    a.eval_every = 5;
+  }
   Config r = a;
-  snprintf(r.run_dir, sizeof r.run_dir, "%s/graphs_resumed", tmp_root);
+  snprintf(r.run_dir, sizeof r.run_dir, "%s/%s_graphs_resumed", tmp_root, name);
   mkdir(r.run_dir, 0755);
   train_test_copy_file(ckpt_of(&a, 5), ckpt_of(&r, 5));
   snprintf(r.resume, sizeof r.resume, "auto");
   snprintf(r.cuda_graphs, sizeof r.cuda_graphs, "on");
   long long replayed, steps;
   test_check(train_test_run_counting_replays(&r, &replayed, &steps) == 0,
-             "graphs on: run resumed from step 5 to step 10");
+             "%s graphs on: run resumed from step 5 to step 10", name);
   test_check(replayed == 3 && steps == 5,
-             "resumed with graphs: 3 of 5 steps replayed (%lld of %lld)", replayed, steps);
+             "%s resumed with graphs: 3 of 5 steps replayed (%lld of %lld)", name, replayed, steps);
   test_check(train_test_same_tensors(ckpt_of(&a, 10), ckpt_of(&r, 10)),
-             "graphs on, resumed: final weights and moments bit-identical to the straight run");
-  test_check(same_losses(&a, &r, 6, 10), "graphs on, resumed: losses of steps 6..10 identical");
+             "%s graphs on, resumed: final weights and moments%s bit-identical to the straight run",
+             name, ema ? " and the average" : "");
+  test_check(same_losses(&a, &r, 6, 10), "%s graphs on, resumed: losses of steps 6..10 identical",
+             name);
 }
 
 // ---- gradient accumulation ----------------------------------------------------------------------
@@ -403,9 +439,11 @@ int main(void) {
   test_tuned_resume();
   test_cross_device();
   test_fp16_overflow();
-  graphs_on_off("bf16", "bf16", false);
-  graphs_on_off("fp16_aug", "fp16", true);
-  graphs_resume();
+  graphs_on_off("bf16", "bf16", false, false);
+  graphs_on_off("fp16_aug", "fp16", true, false);
+  graphs_on_off("bf16_ema", "bf16", false, true);
+  graphs_resume("bf16", false);
+  graphs_resume("bf16_ema", true);
   accum_equals_batch();
   accum_graphs_augment();
   char cmd[300];

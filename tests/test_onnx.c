@@ -558,7 +558,8 @@ static void test_swin_export_program(void) {
   float *moments = calloc((size_t)m.num_floats, sizeof(float));
   TrainState state = {.step = 1, .seed = 0, .loss_scale = 1};
   char ckpt[512], onnx_path[512], cmd[2048], out[4096];
-  int rc = checkpoint_save(dir, &m, moments, moments, &state, NULL, 1, ckpt, sizeof ckpt, &err);
+  int rc =
+      checkpoint_save(dir, &m, moments, moments, NULL, &state, NULL, 1, ckpt, sizeof ckpt, &err);
   test_check(rc == 0, "checkpoint for swin_export%s%s", rc ? ": " : "", rc ? err.msg : "");
   tmp_path(onnx_path, sizeof onnx_path, "exported.onnx");
   if (access("./swin_export", X_OK) != 0) {

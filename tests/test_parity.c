@@ -124,9 +124,9 @@ static void check_fixture(const char *path) {
                       .warmup_steps = atoi(safetensors_meta_get(&st, "warmup_steps")),
                       .total_steps = atoi(safetensors_meta_get(&st, "total_steps"))};
   float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));
-  int num_chunks = model_adamw_chunks(&m, cfg.weight_decay, NULL);
+  int num_chunks = model_adamw_chunks(&m, cfg.weight_decay, cfg.layer_decay, NULL);
   AdamWChunk *chunks = malloc(sizeof(AdamWChunk) * (size_t)num_chunks);
-  model_adamw_chunks(&m, cfg.weight_decay, chunks);
+  model_adamw_chunks(&m, cfg.weight_decay, cfg.layer_decay, chunks);
   OptimState state = {.loss_scale = 1.0f};
   for (int step = 0; step < 5; step++) {
     at = (StepParams){.step = step, .lr = (float)lr_at_step(&sched, step)};

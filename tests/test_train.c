@@ -3,7 +3,10 @@
 // one batch within float rounding, resume exact, with and without the recipe's per-batch
 // augmentations; a batch that does not split refused), refusal of broken checkpoints with the
 // older one still usable, SIGTERM leaving a checkpoint that resumes, a short run that learns, and
-// train.cuda_graphs=on refused where the step runs on the CPU.
+// train.cuda_graphs=on refused where the step runs on the CPU. With layer decay and the moving
+// average of the weights (train.layer_decay, train.ema_decay): exact resume (the average
+// included), the evaluation of the average, and an average started from a checkpoint that has
+// none: the checkpoint's weights, then one update per step, as optim/ema.h computes it.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
@@ -278,6 +281,112 @@ static void test_accum_refusals(void) {
              opt.batch_size);
 }
 
+// The moving average (with warmup) and layer decay through the trainer: the average is in the
+// checkpoints, is evaluated, and resumes bit for bit with everything else.
+static void test_ema_resume(void) {
+  Config a = small_config("ema_straight");
+  a.layer_decay = 0.8f;
+  a.ema_decay = 0.9;
+  a.ema_warmup = true;
+  test_check(train_test_run(&a) == 0, "run of 6 steps with layer decay 0.8 and an EMA (warmup)");
+  SafeTensors st;
+  Error err;
+  bool moved = false, present = false;
+  if (safetensors_read(&st, ckpt_path("ema_straight", 6), &err) == 0) {
+    const SafeTensorEntry *w = safetensors_find(&st, "layers.1.blocks.1.mlp.fc1.weight");
+    const SafeTensorEntry *e = safetensors_find(&st, "ema.layers.1.blocks.1.mlp.fc1.weight");
+    present = w && e && e->end - e->begin == w->end - w->begin;
+    moved = present && memcmp(safetensors_entry_data(&st, w), safetensors_entry_data(&st, e),
+                              w->end - w->begin) != 0;
+    safetensors_free(&st);
+  }
+  test_check(present && moved,
+             "the step-6 checkpoint holds ema.<name> tensors, and the average differs from the "
+             "weights");
+  char metrics[600], line[1024];
+  snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", a.run_dir);
+  FILE *f = fopen(metrics, "r");
+  bool ema_eval = false;
+  while (f && fgets(line, sizeof line, f))
+    ema_eval = ema_eval || (strstr(line, "\"eval_top1\"") && strstr(line, "\"eval_top1_ema\"") &&
+                            strstr(line, "\"eval_top5_ema\"") && strstr(line, "\"eval_loss_ema\""));
+  if (f) fclose(f);
+  test_check(ema_eval, "metrics.jsonl: the evaluation reports eval_top1/5_ema and eval_loss_ema");
+
+  Config b = a;
+  snprintf(b.run_dir, sizeof b.run_dir, "%s/ema_resumed", tmp_root);
+  mkdir(b.run_dir, 0755);
+  train_test_copy_file(ckpt_path("ema_straight", 3), ckpt_path("ema_resumed", 3));
+  snprintf(b.resume, sizeof b.resume, "auto");
+  test_check(train_test_run(&b) == 0, "EMA run resumed from step 3");
+  test_check(train_test_same_tensors(ckpt_path("ema_straight", 6), ckpt_path("ema_resumed", 6)),
+             "EMA resume: weights, moments and the average (ema.*) bit-identical at step 6");
+  double la[8] = {0}, lb[8] = {0};
+  read_losses("ema_straight", la, 8);
+  read_losses("ema_resumed", lb, 8);
+  test_check(la[6] == lb[6] && la[4] == lb[4] && la[6] > 0,
+             "EMA resume: losses identical (%.6f %.6f)", la[6], lb[6]);
+
+  // Evaluations after every other step, each swapping the average into the weights' place and
+  // back: the run ends bit for bit where the one evaluated at its end alone does.
+  Config v = a;
+  snprintf(v.run_dir, sizeof v.run_dir, "%s/ema_evals", tmp_root);
+  v.eval_every = 2;
+  test_check(train_test_run(&v) == 0, "the EMA run evaluated after steps 2, 4 and 6");
+  test_check(train_test_same_tensors(ckpt_path("ema_straight", 6), ckpt_path("ema_evals", 6)),
+             "evaluating the average mid-run leaves the run bit-identical (weights, moments, "
+             "average at step 6)");
+}
+
+// A checkpoint without an average, resumed with train.ema_decay: the average starts from the
+// checkpoint's weights and follows the run's weights one update per step, while the weights are
+// those of the run without an average. Checked against the weights of a run that checkpoints
+// every step: ema_6 = lerp(lerp(lerp(w_3, w_4, 1 - d(4)), w_5, 1 - d(5)), w_6, 1 - d(6)).
+static void test_ema_from_plain_checkpoint(void) {
+  Config p = small_config("every_step");
+  p.ckpt_every = 1;
+  p.ckpt_keep = 10;
+  test_check(train_test_run(&p) == 0, "run of 6 steps without an EMA, a checkpoint every step");
+  Config e = small_config("ema_late");
+  e.ema_decay = 0.9;
+  e.ema_warmup = true;
+  mkdir(e.run_dir, 0755);
+  train_test_copy_file(ckpt_path("every_step", 3), ckpt_path("ema_late", 3));
+  snprintf(e.resume, sizeof e.resume, "auto");
+  test_check(train_test_run(&e) == 0,
+             "its step-3 checkpoint resumed with train.ema_decay 0.9 (warmup) to step 6");
+  Config cc = e;
+  Error err;
+  Model m;
+  if (config_validate(&cc, &err) != 0 || model_create(&m, &cc, NULL, 0, &err) != 0) {
+    test_check(0, "model: %s", err.msg);
+    return;
+  }
+  const int64_t n = m.num_floats;
+  float *ea = calloc(n, sizeof(float)), *eas = calloc(n, sizeof(float));
+  float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+  float *w6 = calloc(n, sizeof(float));
+  TrainState st;
+  int rc = checkpoint_load(ckpt_path("every_step", 3), &m, ea, eas, NULL, &st, &err);
+  memcpy(want, m.weights, sizeof(float) * (size_t)n);
+  EmaSettings s = {.decay = e.ema_decay, .warmup = e.ema_warmup};
+  for (int step = 4; step <= 6 && rc == 0; step++) {
+    rc = checkpoint_load(ckpt_path("every_step", step), &m, ea, eas, NULL, &st, &err);
+    float w = (float)(1.0 - ema_decay_at(s, step));  // step - skipped updates: none skipped
+    for (int64_t i = 0; rc == 0 && i < n; i++) want[i] = ema_lerp(want[i], m.weights[i], w);
+  }
+  memcpy(w6, m.weights, sizeof(float) * (size_t)n);
+  if (rc == 0) rc = checkpoint_load(ckpt_path("ema_late", 6), &m, ea, eas, got, &st, &err);
+  test_check(rc == 0 && st.has_ema && memcmp(got, want, sizeof(float) * (size_t)n) == 0,
+             "the average at step 6 = the step-3 weights lerped towards the weights of steps 4, 5, "
+             "6 (bitwise)%s%s",
+             rc ? ": " : "", rc ? err.msg : "");
+  test_check(rc == 0 && memcmp(m.weights, w6, sizeof(float) * (size_t)n) == 0,
+             "... and the weights are those of the run without an average (bitwise)");
+  free(ea), free(eas), free(want), free(got), free(w6);
+  model_destroy(&m);
+}
+
 static void test_broken_checkpoints(void) {
   // From the straight run: 3 and 6 exist. Truncate, corrupt, mismatch.
   char good[512], bad[512];
@@ -299,7 +408,7 @@ static void test_broken_checkpoints(void) {
   model_create(&m, &cc, NULL, 0, &err);
   float *ea = calloc(m.num_floats, sizeof(float)), *eas = calloc(m.num_floats, sizeof(float));
   TrainState st;
-  int rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
+  int rc = checkpoint_load(bad, &m, ea, eas, NULL, &st, &err);
   test_check(rc != 0 && strstr(err.msg, bad), "truncated checkpoint refused, naming it: %.120s",
              err.msg);
 
@@ -308,7 +417,7 @@ static void test_broken_checkpoints(void) {
   f = fopen(bad, "wb");
   fwrite(data, 1, n, f);
   fclose(f);
-  rc = checkpoint_load(bad, &m, ea, eas, &st, &err);
+  rc = checkpoint_load(bad, &m, ea, eas, NULL, &st, &err);
   test_check(rc != 0 && strstr(err.msg, "checksum"), "corrupted checkpoint refused: %.120s",
              err.msg);
   free(data);
@@ -320,7 +429,7 @@ static void test_broken_checkpoints(void) {
   Model m2;
   model_create(&m2, &other, NULL, 0, &err);
   float *ea2 = calloc(m2.num_floats, sizeof(float)), *eas2 = calloc(m2.num_floats, sizeof(float));
-  rc = checkpoint_load(good, &m2, ea2, eas2, &st, &err);
+  rc = checkpoint_load(good, &m2, ea2, eas2, NULL, &st, &err);
   test_check(rc != 0 && strstr(err.msg, "model.embed_dim"),
              "checkpoint of another model refused, naming the key: %.160s", err.msg);
   free(ea2);
@@ -328,7 +437,7 @@ static void test_broken_checkpoints(void) {
   model_destroy(&m2);
 
   // The older checkpoint still loads, and resume=auto skips the broken newer one.
-  rc = checkpoint_load(ckpt_path("broken", 3), &m, ea, eas, &st, &err);
+  rc = checkpoint_load(ckpt_path("broken", 3), &m, ea, eas, NULL, &st, &err);
   test_check(rc == 0 && st.step == 3, "the older checkpoint still loads (step %lld)",
              (long long)st.step);
   snprintf(c.resume, sizeof c.resume, "auto");
@@ -453,6 +562,8 @@ int main(void) {
   test_resume_exact();
   test_accum_equals_batch();
   test_accum_refusals();
+  test_ema_resume();
+  test_ema_from_plain_checkpoint();
   test_recipe_resume();
   test_accum_recipe_resume();
   test_broken_checkpoints();

@@ -2,6 +2,7 @@
 #include "src/app/learner.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "src/base/nvtx.h"
 #include "src/model/backend_check.h"
@@ -26,9 +27,14 @@ static void register_regions(const Optimizer *o, const Model *m, size_t chunk_by
     t = tensor_view(structs[i].data, DTYPE_U8, be->device, structs[i].name, 1, &structs[i].bytes);
     backend_check_register(be, &t);
   }
+  if (o->ema) {
+    t = tensor_view(o->ema, DTYPE_F32, be->device, "optimizer.ema", 1, &floats);
+    backend_check_register_buffer(be, &t);
+  }
 }
 
 void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
+  *o = (Optimizer){0};
   Backend *be = m->be;
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   o->exp_avg = be->ops->alloc(be, bytes);
@@ -36,33 +42,44 @@ void optimizer_create(Optimizer *o, const Model *m, const Config *cfg) {
   bool host_memory = be->device == DEVICE_CPU;
   o->host_exp_avg = host_memory ? o->exp_avg : calloc_check(1, bytes);
   o->host_exp_avg_sq = host_memory ? o->exp_avg_sq : calloc_check(1, bytes);
-  o->num_chunks = model_adamw_chunks(m, cfg->weight_decay, NULL);
+  o->num_chunks = model_adamw_chunks(m, cfg->weight_decay, cfg->layer_decay, NULL);
   size_t chunk_bytes = sizeof(AdamWChunk) * (size_t)o->num_chunks;
   AdamWChunk *chunks = malloc_check(chunk_bytes);
-  model_adamw_chunks(m, cfg->weight_decay, chunks);
+  model_adamw_chunks(m, cfg->weight_decay, cfg->layer_decay, chunks);
   o->chunks = be->ops->alloc(be, chunk_bytes);
   be->ops->upload(be, o->chunks, chunks, chunk_bytes);
   free(chunks);
   o->state = be->ops->alloc(be, sizeof(OptimState));
   o->step_params = be->ops->alloc(be, sizeof(StepParams));
+  if (cfg->ema_decay > 0) {
+    o->ema = be->ops->alloc(be, bytes);
+    o->host_ema = host_memory ? o->ema : calloc_check(1, bytes);
+    o->ema_settings = (EmaSettings){.decay = cfg->ema_decay, .warmup = cfg->ema_warmup};
+  }
   register_regions(o, m, chunk_bytes);
 }
 
 void optimizer_destroy(Optimizer *o, Backend *be) {
   if (o->host_exp_avg != o->exp_avg) free(o->host_exp_avg);
   if (o->host_exp_avg_sq != o->exp_avg_sq) free(o->host_exp_avg_sq);
+  if (o->host_ema != o->ema) free(o->host_ema);
   // The checking layer forgets each region before its memory can be handed out again.
-  void *memory[] = {o->exp_avg, o->exp_avg_sq, o->chunks, o->state, o->step_params};
-  for (int i = 0; i < 5; i++) {
+  void *memory[] = {o->exp_avg, o->exp_avg_sq, o->chunks, o->state, o->step_params, o->ema};
+  for (int i = 0; i < 6; i++) {
+    if (!memory[i]) continue;
     backend_check_unregister(be, memory[i]);
     be->ops->release(be, memory[i]);
   }
   *o = (Optimizer){0};
 }
 
+size_t optimizer_ema_bytes(const Optimizer *o, const Model *m) {
+  return o->ema ? sizeof(float) * (size_t)m->num_floats : 0;
+}
+
 size_t optimizer_bytes(const Optimizer *o, const Model *m) {
   return 2 * sizeof(float) * (size_t)m->num_floats + sizeof(AdamWChunk) * (size_t)o->num_chunks +
-         sizeof(OptimState) + sizeof(StepParams);
+         sizeof(OptimState) + sizeof(StepParams) + optimizer_ema_bytes(o, m);
 }
 
 void optimizer_upload_moments(Optimizer *o, const Model *m) {
@@ -77,6 +94,29 @@ void optimizer_download_moments(Optimizer *o, const Model *m) {
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   m->be->ops->download(m->be, o->host_exp_avg, o->exp_avg, bytes);
   m->be->ops->download(m->be, o->host_exp_avg_sq, o->exp_avg_sq, bytes);
+}
+
+void optimizer_upload_ema(Optimizer *o, const Model *m) {
+  if (!o->ema || o->host_ema == o->ema) return;
+  m->be->ops->upload(m->be, o->ema, o->host_ema, sizeof(float) * (size_t)m->num_floats);
+}
+
+void optimizer_download_ema(Optimizer *o, const Model *m) {
+  if (!o->ema || o->host_ema == o->ema) return;
+  m->be->ops->download(m->be, o->host_ema, o->ema, sizeof(float) * (size_t)m->num_floats);
+}
+
+void optimizer_ema_from_weights(Optimizer *o, const Model *m) {
+  if (!o->ema) return;
+  memcpy(o->host_ema, m->weights, sizeof(float) * (size_t)m->num_floats);
+  optimizer_upload_ema(o, m);
+}
+
+void optimizer_swap_ema(Optimizer *o, Model *m) {
+  Backend *be = m->be;
+  be->ops->weights_swap(be, m->master, o->ema, m->num_floats);
+  if (m->compute != (void *)m->master)
+    be->ops->to_compute(be, m->compute, m->master, m->num_floats);
 }
 
 StepPart learner_part(int k, int accum) {
@@ -116,6 +156,7 @@ void learner_update(Model *m, Optimizer *o, const Config *cfg) {
   be->ops->optimizer_step(be, m->master, m->compute == (void *)m->master ? NULL : m->compute,
                           m->grads, o->exp_avg, o->exp_avg_sq, m->num_floats, o->chunks,
                           o->num_chunks, hyper, o->step_params, o->state);
+  if (o->ema) be->ops->ema_update(be, o->ema, m->master, m->num_floats, o->ema_settings, o->state);
   NVTX_POP();
 }
 

@@ -1,9 +1,10 @@
 // swin_export: write a checkpoint's weights as a flat timm state dict in safetensors, or the
 // model as an ONNX inference graph when OUT ends in .onnx.
-//   swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16]
-//   swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N]
-// A safetensors export carries the checkpoint's config and class names (metadata swin.config,
-// swin.class_names) for swin_predict; an ONNX model carries neither.
+//   swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16] [weights=model|ema]
+//   swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N] [weights=model|ema]
+// weights=ema exports the checkpoint's moving average of the weights (train.ema_decay) instead
+// of the weights themselves. A safetensors export carries the checkpoint's config and class
+// names (metadata swin.config, swin.class_names) for swin_predict; an ONNX model carries neither.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,11 @@
 #include "src/io/safetensors.h"
 #include "src/model/model.h"
 
-// The checkpoint carries its resolved config: build that model, then load into it. *class_names
-// gets a copy of its class names (NULL when it has none).
-static int load_model_from_checkpoint(Model *m, const char *path, char **class_names, Error *err) {
+// The checkpoint carries its resolved config: build that model, then load into it: its weights,
+// or with ema its moving average of them (an error when it has none). *class_names gets a copy of
+// its class names (NULL when it has none).
+static int load_model_from_checkpoint(Model *m, const char *path, bool ema, char **class_names,
+                                      Error *err) {
   SafeTensors st;
   *class_names = NULL;
   if (safetensors_read(&st, path, err) != 0) return -1;
@@ -41,24 +44,42 @@ static int load_model_from_checkpoint(Model *m, const char *path, char **class_n
   if (rc != 0) return -1;
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   float *exp_avg = malloc_check(bytes), *exp_avg_sq = malloc_check(bytes);
+  float *average = ema ? calloc_check(1, bytes) : NULL;
   TrainState state;
-  rc = checkpoint_load(path, m, exp_avg, exp_avg_sq, &state, err);
+  rc = checkpoint_load(path, m, exp_avg, exp_avg_sq, average, &state, err);
+  if (rc == 0 && ema && !state.has_ema)
+    rc = error_set(err,
+                   "weights=ema: checkpoint '%s' holds no moving average of the weights (its "
+                   "run had train.ema_decay = 0)\nHINT: export without weights=ema, or train with "
+                   "train.ema_decay > 0 (timm: 0.9998)",
+                   path);
+  else if (rc == 0 && ema)
+    memcpy(m->weights, average, bytes);
   free(exp_avg);
   free(exp_avg_sq);
+  free(average);
+  if (rc != 0) {
+    model_destroy(m);
+    free(*class_names);
+    *class_names = NULL;
+  }
   return rc;
 }
 
 static const char *usage =
-    "usage: swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16]\n"
-    "       swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N]\n"
+    "usage: swin_export CKPT.safetensors OUT.safetensors [dtype=f32|bf16|f16] [weights=model|ema]\n"
+    "       swin_export CKPT.safetensors OUT.onnx [dtype=f32|f16] [batch=dynamic|N] "
+    "[weights=model|ema]\n"
     "OUT ending in .onnx writes an ONNX model (opset 17): input 'images' (N, C, H, W) float32,\n"
     "normalized; output 'logits' (N, classes) float32. Any other OUT writes the weights as a\n"
-    "timm state dict in safetensors.\n";
+    "timm state dict in safetensors. weights=ema exports the checkpoint's moving average of the\n"
+    "weights (train.ema_decay) instead of the weights.\n";
 
 typedef struct {
   bool onnx;
   DType dtype;
   int64_t batch;  // ONNX: 0 = dynamic
+  bool ema;       // weights=ema: the moving average
 } ExportArgs;
 
 // Parses the key=value arguments after OUT; prints the problem and returns -1 on a bad one.
@@ -66,6 +87,7 @@ static int parse_args(ExportArgs *a, int argc, char **argv) {
   a->onnx = ends_with(argv[2], ".onnx");
   a->dtype = DTYPE_F32;
   a->batch = 0;
+  a->ema = false;
   const char *dtypes =
       a->onnx ? "dtype=f32 or dtype=f16 (ONNX)" : "dtype=f32, dtype=bf16 or dtype=f16";
   for (int i = 3; i < argc; i++) {
@@ -94,6 +116,14 @@ static int parse_args(ExportArgs *a, int argc, char **argv) {
                 arg);
         return -1;
       }
+    } else if (strcmp(arg, "weights=model") == 0 || strcmp(arg, "weights=ema") == 0) {
+      a->ema = strcmp(arg, "weights=ema") == 0;
+    } else if (strncmp(arg, "weights=", 8) == 0) {
+      fprintf(stderr,
+              "error: bad argument '%s'\nHINT: weights=model (the default) or weights=ema (the "
+              "moving average of a run with train.ema_decay)\n",
+              arg);
+      return -1;
     } else if (strncmp(arg, "batch=", 6) == 0) {
       fprintf(stderr,
               "error: '%s' applies only to ONNX output\nHINT: name the output OUT.onnx, or drop "
@@ -101,8 +131,8 @@ static int parse_args(ExportArgs *a, int argc, char **argv) {
               arg, arg);
       return -1;
     } else {
-      fprintf(stderr, "error: bad argument '%s'\nHINT: %s%s\n", arg, dtypes,
-              a->onnx ? ", batch=dynamic or batch=N" : "");
+      fprintf(stderr, "error: bad argument '%s'\nHINT: %s%s, weights=model or weights=ema\n", arg,
+              dtypes, a->onnx ? ", batch=dynamic or batch=N" : "");
       return -1;
     }
   }
@@ -110,7 +140,7 @@ static int parse_args(ExportArgs *a, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 3 || argc > 5) {
+  if (argc < 3 || argc > 6) {
     fprintf(stderr, "%s", usage);
     return 2;
   }
@@ -119,7 +149,7 @@ int main(int argc, char **argv) {
   Model m;
   Error err;
   char *class_names;
-  if (load_model_from_checkpoint(&m, argv[1], &class_names, &err) != 0) {
+  if (load_model_from_checkpoint(&m, argv[1], a.ema, &class_names, &err) != 0) {
     fprintf(stderr, "error: %s\n", err.msg);
     return 1;
   }
@@ -134,11 +164,13 @@ int main(int argc, char **argv) {
   if (a.onnx) {
     char batch[32] = "dynamic";
     if (a.batch > 0) snprintf(batch, sizeof batch, "%lld", (long long)a.batch);
-    printf("exported an ONNX model (opset %d, %s, batch %s, %lld parameters) to %s\n", ONNX_OPSET,
-           a.dtype == DTYPE_F16 ? "f16" : "f32", batch, (long long)m.num_values, argv[2]);
+    printf("exported an ONNX model (opset %d, %s, batch %s, %lld parameters%s) to %s\n", ONNX_OPSET,
+           a.dtype == DTYPE_F16 ? "f16" : "f32", batch, (long long)m.num_values,
+           a.ema ? ", the moving average" : "", argv[2]);
   } else {
-    printf("exported %d tensors (%lld parameters, %s) to %s\n", m.num_params,
-           (long long)m.num_values, dtype_name(a.dtype), argv[2]);
+    printf("exported %d tensors (%lld parameters, %s%s) to %s\n", m.num_params,
+           (long long)m.num_values, dtype_name(a.dtype), a.ema ? ", the moving average" : "",
+           argv[2]);
   }
   model_destroy(&m);
   return 0;

@@ -138,7 +138,7 @@ static int predictor_build(Predictor *p, const char *path, int B, Error *err) {
     size_t bytes = sizeof(float) * (size_t)p->m.num_floats;
     float *ea = malloc_check(bytes), *eas = malloc_check(bytes);
     TrainState state;
-    rc = checkpoint_load(path, &p->m, ea, eas, &state, err);
+    rc = checkpoint_load(path, &p->m, ea, eas, NULL, &state, err);
     free(ea);
     free(eas);
   } else {

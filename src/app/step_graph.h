@@ -4,17 +4,18 @@
 //
 // What is captured: a part of a step (learner_run, src/app/learner.h): with train.accum_steps 1
 // the whole step, i.e. forward, loss, backward and the optimizer update, every op from the patch
-// embedding's input to AdamW's compute copy, all on the compute queue; with accum_steps N > 1 a
-// micro-batch before the last (forward, loss, backward adding to the gradients) and the last one
-// (the same, then the update): two graphs, the first replayed N - 1 times a step. What the caller
-// queues plainly around each part: the part's values (learner_set_step: index, learning rate and
-// first sample, copied from page-locked memory to where the ops read them), the compute queue's
-// wait for the batch's upload (stage_consume) and the slot's release after the step
-// (stage_release), the per-batch augmentations (images_normalize + batch_augment, whose
-// parameters are drawn on the host for each batch and passed by value), which write the fixed
-// buffer the captured step reads, and with accum_steps > 1 the zeroing of the gradients before
-// the first micro-batch and the copy of each micro-batch's labels (and pixels or soft targets)
-// into the fixed buffers its graph reads.
+// embedding's input to AdamW's compute copy (and the update of the weights' moving average,
+// which reads its decay from the optimizer state on the device), all on the compute queue; with
+// accum_steps N > 1 a micro-batch before the last (forward, loss, backward adding to the
+// gradients) and the last one (the same, then the update): two graphs, the first replayed N - 1
+// times a step. What the caller queues plainly around each part: the part's values
+// (learner_set_step: index, learning rate and first sample, copied from page-locked memory to
+// where the ops read them), the compute queue's wait for the batch's upload (stage_consume) and
+// the slot's release after the step (stage_release), the per-batch augmentations
+// (images_normalize + batch_augment, whose parameters are drawn on the host for each batch and
+// passed by value), which write the fixed buffer the captured step reads, and with accum_steps >
+// 1 the zeroing of the gradients before the first micro-batch and the copy of each
+// micro-batch's labels (and pixels or soft targets) into the fixed buffers its graph reads.
 //
 // A replay repeats the recorded ops with the arguments they were given (pointers, sizes and the
 // constants of a run, such as AdamW's betas), reading their inputs anew from memory: so a graph

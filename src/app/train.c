@@ -357,8 +357,8 @@ static int open_metrics(Trainer *t, Error *err) {
 }
 
 static int load_checkpoint(Trainer *t, const char *path, Error *err) {
-  return checkpoint_load(path, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq, &t->state,
-                         err);
+  return checkpoint_load(path, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
+                         t->opt.host_ema, &t->state, err);
 }
 
 // resume=auto takes the newest checkpoint that loads; broken newer ones are reported and skipped.
@@ -415,13 +415,14 @@ static void format_bytes(char *buf, size_t size, size_t bytes) {
     snprintf(buf, size, "%.1f MiB", b / (1 << 20));
 }
 
-// The backend memory of each arena, planned before the first step.
-static void print_memory(const Trainer *t, size_t moments, size_t batches) {
+// The backend memory of each arena, planned before the first step. moments: the optimizer's
+// memory but the average, ema: the average (0 without one: no row).
+static void print_memory(const Trainer *t, size_t moments, size_t ema, size_t batches) {
   const Model *m = &t->model;
   size_t weights, grads, acts;
   model_memory(m, &weights, &grads, &acts);
   // On the CPU the master weights are the host copy, not an allocation of the backend's.
-  size_t counted = weights + grads + acts + moments + batches;
+  size_t counted = weights + grads + acts + moments + ema + batches;
   size_t total = t->be.bytes_in_use > counted ? t->be.bytes_in_use : counted;
   size_t other = total - counted;
   // What activation checkpointing saved, beside the activations it leaves.
@@ -440,6 +441,7 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
   } rows[] = {{"weights (fp32 master + compute copy)", weights, ""},
               {"gradients (fp32)", grads, ""},
               {"AdamW moments (fp32 x 2)", moments, ""},
+              {"EMA of the weights (fp32)", ema, ""},
               {"activations", acts, saved},
               {t->accum > 1 ? "batch slots (x4) and the micro-batch's"
                             : "the step's batch slots (uint8 + labels, x4)",
@@ -448,6 +450,7 @@ static void print_memory(const Trainer *t, size_t moments, size_t batches) {
               {"total", total, ""}};
   printf("memory on %s:\n", t->be.ops->name);
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    if (rows[i].bytes == 0 && strncmp(rows[i].name, "EMA", 3) == 0) continue;
     char b[32];
     format_bytes(b, sizeof b, rows[i].bytes);
     printf("  %-40s %12s%s\n", rows[i].name, b, rows[i].note);
@@ -474,20 +477,25 @@ int train_check_same_device(Comm *comm, const Backend *be, Error *err) {
                    comm->rank, cuda ? "GPU" : "CPU", cuda ? "CPU" : "GPU");
 }
 
-// Every rank starts from rank 0's weights, AdamW moments and training state: rank 0 alone
-// initialized them from init_from or resumed a checkpoint (files that may exist only on its node).
-static int share_start(Trainer *t, bool resumed, Error *err) {
+// Every rank starts from rank 0's weights, AdamW moments, moving average and training state:
+// rank 0 alone initialized them from init_from or resumed a checkpoint (files that may exist only
+// on its node). *resumed: rank 0's, whether it resumed, on every rank after the call.
+static int share_start(Trainer *t, bool *resumed, Error *err) {
   Comm *c = t->comm;
   Model *m = &t->model;
-  int32_t loaded = resumed;
+  int32_t loaded = *resumed;
   size_t bytes = sizeof(float) * (size_t)m->num_floats;
   if (comm_broadcast(c, &loaded, sizeof loaded, 0, err) != 0 ||
       comm_broadcast(c, &t->state, sizeof t->state, 0, err) != 0 ||
       comm_broadcast(c, m->weights, (int64_t)bytes, 0, err) != 0)
     return error_prefix(err, "sharing rank 0's weights: ");
+  *resumed = loaded != 0;
   if (loaded && (comm_broadcast(c, t->opt.host_exp_avg, (int64_t)bytes, 0, err) != 0 ||
                  comm_broadcast(c, t->opt.host_exp_avg_sq, (int64_t)bytes, 0, err) != 0))
     return error_prefix(err, "sharing rank 0's AdamW moments: ");
+  if (loaded && t->state.has_ema && t->opt.ema &&
+      comm_broadcast(c, t->opt.host_ema, (int64_t)bytes, 0, err) != 0)
+    return error_prefix(err, "sharing rank 0's moving average of the weights: ");
   // The data order, augmentation and drop path are keyed by global sample indices, and the
   // batch is global, so another process count continues the same run; only the order of the
   // gradient sums changes.
@@ -554,6 +562,50 @@ static void setup_gemm_tuning(Trainer *t) {
 static int write_gemm_choices(FILE *f, const void *be) {
   Backend *b = (Backend *)be;
   return b->ops->gemm_choices_write(b, f);
+}
+
+// The moving average's start: a checkpoint's when it has one, else the weights (init,
+// init_from, or a checkpoint written without an average, which is said).
+static void start_ema(Trainer *t, bool resumed) {
+  if (!t->opt.ema) {
+    if (resumed && t->state.has_ema)
+      printf(
+          "ema: the checkpoint's moving average of the weights (ema.*) is not used: "
+          "train.ema_decay = 0, so checkpoints from here on have none\n");
+    return;
+  }
+  if (resumed && t->state.has_ema) {
+    optimizer_upload_ema(&t->opt, &t->model);
+    return;
+  }
+  if (resumed)
+    printf(
+        "ema: the checkpoint has no moving average of the weights (it was trained without "
+        "train.ema_decay): the average starts from the checkpoint's weights at step %lld\n",
+        (long long)t->state.step);
+  optimizer_ema_from_weights(&t->opt, &t->model);
+}
+
+// Start-up lines for the optimizer's options beyond AdamW's own: layer decay, the average.
+static void print_optimizer_options(const Trainer *t) {
+  const Config *cfg = t->cfg;
+  const Model *m = &t->model;
+  if (cfg->layer_decay != 1.0f)
+    printf(
+        "layer decay: %g, lr scale %.4g (patch_embed, layer id 0) to 1 (norm and head, id %d): "
+        "layer_decay^(%d - id)\n",
+        (double)cfg->layer_decay, (double)model_layer_lr_scale(m, 0, cfg->layer_decay),
+        m->num_blocks + 1, m->num_blocks + 1);
+  if (t->opt.ema) {
+    char warmup[96] = "";
+    if (cfg->ema_warmup)
+      snprintf(warmup, sizeof warmup, " with warmup, min(%g, 1 - t^(-2/3)) after t updates",
+               (double)cfg->ema_decay);
+    printf(
+        "ema: decay %g%s (timm ModelEmaV3, after every applied update); evaluated beside the "
+        "model as eval_*_ema\n",
+        (double)cfg->ema_decay, warmup);
+  }
 }
 
 static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) {
@@ -684,7 +736,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
 
   bool resumed = false;
   if (is_lead(t) && !t->e2e && lead_start(t, &resumed, err) != 0) return -1;
-  if (share_start(t, resumed, err) != 0) return -1;
+  if (share_start(t, &resumed, err) != 0) return -1;
   if (cfg->eval_only && !cfg->init_from[0] && !resumed)
     return error_set(err,
                      "eval = true: resume=%s found no checkpoint in '%s', so there are no weights "
@@ -693,8 +745,10 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   settle_loss_scale(t);
   model_weights_to_backend(m);
   optimizer_upload_moments(&t->opt, m);
+  start_ema(t, resumed);
   upload_optim_state(t);
-  print_memory(t, optimizer_bytes(&t->opt, m), batch_bytes);
+  size_t ema_bytes = optimizer_ema_bytes(&t->opt, m);
+  print_memory(t, optimizer_bytes(&t->opt, m) - ema_bytes, ema_bytes, batch_bytes);
   if (t->accum > 1) {
     char ranks[48] = "";
     if (comm->world > 1) snprintf(ranks, sizeof ranks, "%d processes x ", comm->world);
@@ -759,6 +813,7 @@ static int trainer_setup(Trainer *t, const Config *cfg, Comm *comm, Error *err) 
   printf("schedule: %lld steps (%lld per epoch), peak lr %.3g, warmup %lld steps, min lr %.3g\n",
          (long long)t->total_steps, (long long)t->steps_per_epoch, t->schedule.peak,
          (long long)t->schedule.warmup_steps, t->schedule.min_lr);
+  print_optimizer_options(t);
   int rc = is_lead(t) && !t->e2e ? open_metrics(t, err) : 0;
   fflush(stdout);  // the setup log (what was resumed from) survives a kill in the first steps
   return rc;
@@ -944,6 +999,7 @@ static int save_checkpoint(Trainer *t, Error *err) {
   if (several && check_same_weights(t, err) != 0) return -1;
   if (is_lead(t)) {
     Backend *be = &t->be;
+    optimizer_download_ema(&t->opt, &t->model);
     char path[1024];
     if (be->ops->gemm_choices_write && be->ops->gemm_choices_write(be, NULL) > 0) {
       gemm_choices_path(t, path, sizeof path);
@@ -951,7 +1007,8 @@ static int save_checkpoint(Trainer *t, Error *err) {
     }
     optimizer_download_moments(&t->opt, &t->model);
     if (checkpoint_save(t->cfg->run_dir, &t->model, t->opt.host_exp_avg, t->opt.host_exp_avg_sq,
-                        &t->state, t->class_names, t->cfg->ckpt_keep, path, sizeof path, err) != 0)
+                        t->opt.host_ema, &t->state, t->class_names, t->cfg->ckpt_keep, path,
+                        sizeof path, err) != 0)
       return error_prefix(err,
                           "checkpoint of step %lld failed; the earlier checkpoints in run_dir "
                           "are untouched and resume=auto continues from the newest:\n",
@@ -963,18 +1020,44 @@ static int save_checkpoint(Trainer *t, Error *err) {
   return comm_barrier(t->comm, err);
 }
 
-static int run_eval(Trainer *t, EvalResult *r, Error *err) {
-  double t0 = time_now_s();
+// The model and, when there is one, its moving average (evaluated in the weights' place:
+// optimizer_swap_ema, which allocates nothing, and back). ema is left zero without an average.
+static int evaluate_both(Trainer *t, EvalResult *r, EvalResult *ema, Error *err) {
+  *ema = (EvalResult){0};
   if (evaluate(t, r, err) != 0) return -1;
-  printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %.1fs)\n",
-         (long long)t->state.step, r->top1, r->top5, r->loss, (long long)r->count,
+  if (!t->opt.ema) return 0;
+  optimizer_swap_ema(&t->opt, &t->model);
+  int rc = evaluate(t, ema, err);
+  optimizer_swap_ema(&t->opt, &t->model);
+  return rc;
+}
+
+// The average's part of an eval line and of its metrics record ("" without an average).
+static void format_ema_eval(const Trainer *t, const EvalResult *e, char *line, size_t line_size,
+                            char *json, size_t json_size) {
+  line[0] = json[0] = 0;
+  if (!t->opt.ema) return;
+  snprintf(line, line_size, "  ema: top1 %.2f%%  top5 %.2f%%  loss %.4f", e->top1, e->top5,
+           e->loss);
+  snprintf(json, json_size,
+           ", \"eval_top1_ema\": %.4f, \"eval_top5_ema\": %.4f, \"eval_loss_ema\": %.6f", e->top1,
+           e->top5, e->loss);
+}
+
+static int run_eval(Trainer *t, EvalResult *r, EvalResult *ema, Error *err) {
+  double t0 = time_now_s();
+  if (evaluate_both(t, r, ema, err) != 0) return -1;
+  char line[128], json[160];
+  format_ema_eval(t, ema, line, sizeof line, json, sizeof json);
+  printf("eval  step %lld: top1 %.2f%%  top5 %.2f%%  loss %.4f%s  (%lld images, %.1fs)\n",
+         (long long)t->state.step, r->top1, r->top5, r->loss, line, (long long)r->count,
          time_now_s() - t0);
   fflush(stdout);
   return metrics_write(&t->metrics, err,
                        "{\"step\": %lld, \"epoch\": %lld, \"eval_top1\": %.4f, \"eval_top5\": "
-                       "%.4f, \"eval_loss\": %.6f}",
+                       "%.4f, \"eval_loss\": %.6f%s}",
                        (long long)t->state.step, (long long)t->state.epoch, r->top1, r->top5,
-                       r->loss);
+                       r->loss, json);
 }
 
 // Applies train.nonfinite to what the steps since the last read-back did. Skipped steps were
@@ -1174,25 +1257,30 @@ static int e2e_report(Trainer *t, E2eRecord *r, int slot, Error *err) {
 
 // eval = true: the val split once with the weights set up, one metrics record, nothing else.
 static int eval_only(Trainer *t, Error *err) {
-  EvalResult r;
+  EvalResult r, ema;
   double t0 = time_now_s();
-  if (evaluate(t, &r, err) != 0) return -1;
-  double seconds = time_now_s() - t0, img_s = seconds > 0 ? (double)r.count / seconds : 0;
+  if (evaluate_both(t, &r, &ema, err) != 0) return -1;
+  double seconds = time_now_s() - t0;
+  double img_s = seconds > 0 ? (double)(r.count + ema.count) / seconds : 0;
+  char line[128], json[160];
+  format_ema_eval(t, &ema, line, sizeof line, json, sizeof json);
   char weights[CONFIG_STR_MAX + 16];
   if (t->cfg->init_from[0])
     snprintf(weights, sizeof weights, "%s", t->cfg->init_from);
   else
     snprintf(weights, sizeof weights, "resume=%s", t->cfg->resume);
   printf(
-      "eval: top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images in %.1fs, %.0f img/s; weights "
-      "%s, step %lld)\n",
-      r.top1, r.top5, r.loss, (long long)r.count, seconds, img_s, weights,
+      "eval: top1 %.2f%%  top5 %.2f%%  loss %.4f%s  (%lld images%s in %.1fs, %.0f img/s; "
+      "weights %s, step %lld)\n",
+      r.top1, r.top5, r.loss, line, (long long)r.count,
+      t->opt.ema ? ", each through the weights and the EMA" : "", seconds, img_s, weights,
       (long long)t->state.step);
   return metrics_write(&t->metrics, err,
                        "{\"step\": %lld, \"eval_only\": true, \"eval_top1\": %.4f, "
-                       "\"eval_top5\": %.4f, \"eval_loss\": %.6f, \"eval_images\": %lld, "
+                       "\"eval_top5\": %.4f, \"eval_loss\": %.6f%s, \"eval_images\": %lld, "
                        "\"eval_img_per_s\": %.1f}",
-                       (long long)t->state.step, r.top1, r.top5, r.loss, (long long)r.count, img_s);
+                       (long long)t->state.step, r.top1, r.top5, r.loss, json, (long long)r.count,
+                       img_s);
 }
 
 int train_run(const Config *cfg, Comm *comm, Error *err) {
@@ -1211,7 +1299,7 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
   int64_t steps_window = 0, start_step = t.state.step;
   t.marks_first = t.marks_read = start_step;
   E2eRecord e2e = {0};
-  EvalResult last_eval = {0};
+  EvalResult last_eval = {0}, last_eval_ema = {0};
   bool have_eval = false, interrupted = false;
   if (t.state.step < t.total_steps) {
     if (next_batch(&t, &b, err) != 0 || draw_batch_augment(&t, slot, b, err) != 0) goto done;
@@ -1273,7 +1361,7 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
     }
     bool eval_now = cfg->eval_every > 0 ? step % cfg->eval_every == 0 : epoch_end;
     if ((eval_now || last) && !stop) {
-      if (run_eval(&t, &last_eval, err) != 0) goto done;
+      if (run_eval(&t, &last_eval, &last_eval_ema, err) != 0) goto done;
       break_data_wait(&t);
       have_eval = true;
     }
@@ -1303,11 +1391,13 @@ int train_run(const Config *cfg, Comm *comm, Error *err) {
   double elapsed = time_now_s() - t_start;
   char took[32];
   format_duration(took, sizeof took, elapsed);
+  char ema_top1[48] = "";
+  if (t.opt.ema) snprintf(ema_top1, sizeof ema_top1, " (ema top1 %.2f%%)", last_eval_ema.top1);
   if (have_eval)
-    printf("done: %lld steps in %s (%.0f img/s), eval top1 %.2f%% top5 %.2f%%%s\n",
+    printf("done: %lld steps in %s (%.0f img/s), eval top1 %.2f%% top5 %.2f%%%s%s\n",
            (long long)(t.state.step - start_step), took,
            elapsed > 0 ? (double)(t.state.step - start_step) * cfg->batch_size / elapsed : 0.0,
-           last_eval.top1, last_eval.top5, interrupted ? " (interrupted)" : "");
+           last_eval.top1, last_eval.top5, ema_top1, interrupted ? " (interrupted)" : "");
   else
     printf("done: %lld steps in %s%s\n", (long long)(t.state.step - start_step), took,
            interrupted ? " (interrupted)" : "");

@@ -26,6 +26,7 @@ typedef enum {
   KEY_INT64,       // int64_t
   KEY_UINT64,      // uint64_t
   KEY_FLOAT,       // float
+  KEY_DOUBLE,      // double: a value whose arithmetic is a double's (the EMA decay, as timm's)
   KEY_INT_PAIR,    // "N" or "H,W": ints at offset and offset2 ("N" sets both)
   KEY_FLOAT_PAIR,  // "min,max" with min <= max: floats at offset and offset2
   KEY_INT_LIST,    // "a,b,c": int[capacity]; length in the int at offset2, or zero-terminated
@@ -184,6 +185,12 @@ static const ConfigKey config_keys[] = {
      .range = AT_LEAST(0)},
     {"train.weight_decay", KEY_FLOAT, "0.05", "AdamW decoupled weight decay", SCALAR(weight_decay),
      .range = AT_LEAST(0)},
+    {"train.layer_decay", KEY_FLOAT, "1.0",
+     "layer-wise learning-rate decay: a parameter's lr is scaled by layer_decay^(L + 1 - id), L "
+     "the number of blocks, with the official Swin code's layer ids (patch embedding 0, the "
+     "blocks 1..L in order, a patch merging with the block before it, the final norm and head "
+     "L + 1); 1 = off (official SimMIM fine-tuning of Swin-B: 0.8)",
+     SCALAR(layer_decay), .range = ABOVE_TO(0, 1)},
     {"train.beta1", KEY_FLOAT, "0.9", "AdamW decay of the first moment", SCALAR(beta1),
      .range = FROM_BELOW(0, 1)},
     {"train.beta2", KEY_FLOAT, "0.999", "AdamW decay of the second moment", SCALAR(beta2),
@@ -191,6 +198,17 @@ static const ConfigKey config_keys[] = {
     {"train.eps", KEY_FLOAT, "1e-8", "AdamW epsilon", SCALAR(eps), .range = ABOVE(0)},
     {"train.clip_grad", KEY_FLOAT, "5.0", "largest global gradient norm; 0 = no clipping",
      SCALAR(clip_grad), .range = AT_LEAST(0)},
+    {"train.ema_decay", KEY_DOUBLE, "0",
+     "exponential moving average of the weights, as timm's ModelEmaV3: after each applied "
+     "update ema += (1 - decay) (weights - ema), the first copying the weights; kept in fp32, "
+     "saved in checkpoints, evaluated beside the model (eval_*_ema) and exported with "
+     "swin_export ... weights=ema; 0 = off (timm's train.py: 0.9998)",
+     SCALAR(ema_decay), .range = FROM_BELOW(0, 1)},
+    {"train.ema_warmup", KEY_BOOL, "false",
+     "with train.ema_decay: timm's decay warmup, min(ema_decay, 1 - t^(-2/3)) after t updates "
+     "(it reaches 0.9 after 32 updates, 0.999 after 31,623); false = ema_decay from the second "
+     "update on",
+     SCALAR(ema_warmup)},
     {"train.label_smoothing", KEY_FLOAT, "0.1", "label smoothing of the cross-entropy target",
      SCALAR(label_smoothing), .range = FROM_BELOW(0, 1)},
     {"train.loss_scale", KEY_FLOAT, "65536",
@@ -418,6 +436,14 @@ static void format_float(float v, char *buf, size_t n) {
   }
 }
 
+// The shortest decimal that reads back as exactly v (at most 17 digits).
+static void format_double(double v, char *buf, size_t n) {
+  for (int digits = 1; digits <= 17; digits++) {
+    snprintf(buf, n, "%.*g", digits, v);
+    if (strtod(buf, NULL) == v) return;
+  }
+}
+
 static const ConfigKey *find_key(const char *name) {
   for (int i = 0; i < NUM_KEYS; i++)
     if (strcmp(config_keys[i].name, name) == 0) return &config_keys[i];
@@ -482,6 +508,7 @@ static void key_expect(const ConfigKey *k, char *buf, size_t n) {
       snprintf(buf, n, "an integer from 0 to %" PRIu64, UINT64_MAX);
       break;
     case KEY_FLOAT:
+    case KEY_DOUBLE:
       snprintf(buf, n, "a number%s%s", sep, range);
       break;
     case KEY_INT_PAIR:
@@ -547,6 +574,16 @@ static bool parse_float(const ConfigKey *k, const char *s, float *out) {
   float v = (float)d;
   if (!isfinite(v) || !in_range(k->range, (double)v)) return false;
   *out = v;
+  return true;
+}
+
+// The same for a double: finite, range-checked as stored.
+static bool parse_double(const ConfigKey *k, const char *s, double *out) {
+  if (!*s || isspace((unsigned char)*s)) return false;
+  char *end;
+  double d = strtod(s, &end);
+  if (*end || !isfinite(d) || !in_range(k->range, d)) return false;
+  *out = d;
   return true;
 }
 
@@ -653,6 +690,12 @@ static int key_parse(const ConfigKey *k, const char *text, Config *cfg, char *no
       float v;
       if (!parse_float(k, text, &v)) return -1;
       *(float *)dst = v;
+      return 0;
+    }
+    case KEY_DOUBLE: {
+      double v;
+      if (!parse_double(k, text, &v)) return -1;
+      *(double *)dst = v;
       return 0;
     }
     case KEY_INT_PAIR: {
@@ -767,6 +810,9 @@ static void key_format(const ConfigKey *k, const Config *cfg, char *buf, size_t 
       break;
     case KEY_FLOAT:
       format_float(*(const float *)src, buf, n);
+      break;
+    case KEY_DOUBLE:
+      format_double(*(const double *)src, buf, n);
       break;
     case KEY_INT_PAIR: {
       int a = *(const int *)src, b = *(const int *)src2;
@@ -1301,6 +1347,12 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "eval = true and bench = %s both ask for another run than training\n"
                      "HINT: set one of them",
                      c->bench);
+  if (c->ema_warmup && c->ema_decay == 0)
+    return error_set(
+        err,
+        "train.ema_warmup = true warms up the decay of the weights' moving average, "
+        "but train.ema_decay = 0 keeps none\n"
+        "HINT: set train.ema_decay (timm's default 0.9998), or train.ema_warmup=false");
   // The cosine schedule runs from the peak down to min_lr (both scaled alike); below it, it
   // would rise.
   if (c->min_lr > c->lr)

@@ -52,8 +52,11 @@ typedef struct {
   float warmup_lr;      // learning rate at step 0 of warmup
   float warmup_epochs;  // linear warmup length, in epochs (fractions allowed)
   float weight_decay;
+  float layer_decay;  // layer-wise lr decay: lr * layer_decay^(blocks + 1 - layer id); 1 = off
   float beta1, beta2, eps;
-  float clip_grad;  // global-norm clip; 0 = off
+  float clip_grad;   // global-norm clip; 0 = off
+  double ema_decay;  // moving average of the weights (timm ModelEmaV3); 0 = off
+  bool ema_warmup;   // timm's warmup of the EMA decay
   float label_smoothing;
   float loss_scale;         // fp16: initial dynamic loss scale
   int loss_scale_window;    // fp16: clean steps before the scale doubles

@@ -95,10 +95,10 @@ int checkpoint_remove_stale_temps(const char *dir, Error *err) {
 // A checkpoint of NaN or infinite values would only be resumed from to fail again: refuse it,
 // naming the first bad tensor, before anything is written.
 static int check_finite_state(const Model *m, const float *exp_avg, const float *exp_avg_sq,
-                              const char *path, Error *err) {
-  const float *buffers[3] = {m->weights, exp_avg, exp_avg_sq};
-  const char *prefixes[3] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
-  for (int b = 0; b < 3; b++)
+                              const float *ema, const char *path, Error *err) {
+  const float *buffers[4] = {m->weights, exp_avg, exp_avg_sq, ema};
+  const char *prefixes[4] = {"", "optim.exp_avg.", "optim.exp_avg_sq.", "ema."};
+  for (int b = 0; b < (ema ? 4 : 3); b++)
     for (int i = 0; i < m->num_params; i++) {
       const Param *p = &m->params[i];
       const float *x = buffers[b] + p->offset;
@@ -115,11 +115,11 @@ static int check_finite_state(const Model *m, const float *exp_avg, const float 
 }
 
 int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const float *exp_avg_sq,
-                    const TrainState *state, const char *class_names, int keep, char *path_out,
-                    size_t path_size, Error *err) {
+                    const float *ema, const TrainState *state, const char *class_names, int keep,
+                    char *path_out, size_t path_size, Error *err) {
   char path[1024], value[64];
   snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", dir, (long long)state->step);
-  if (check_finite_state(m, exp_avg, exp_avg_sq, path, err) != 0) return -1;
+  if (check_finite_state(m, exp_avg, exp_avg_sq, ema, path, err) != 0) return -1;
   if (make_directories(dir, "check run_dir", err) != 0) return -1;
 
   SafeTensorWriter w;
@@ -160,6 +160,12 @@ int checkpoint_save(const char *dir, const Model *m, const float *exp_avg, const
     safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, p->t.shape, exp_avg + p->offset);
     snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->t.name);
     safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, p->t.shape, exp_avg_sq + p->offset);
+  }
+  for (int i = 0; ema && i < m->num_params; i++) {
+    const Param *p = &m->params[i];
+    char name[CHECKPOINT_NAME_MAX];
+    snprintf(name, sizeof name, "ema.%s", p->t.name);
+    safetensors_writer_add(&w, name, DTYPE_F32, p->t.ndim, p->t.shape, ema + p->offset);
   }
   int rc = safetensors_writer_save(&w, path, err);
   safetensors_writer_free(&w);
@@ -229,12 +235,12 @@ static int check_second_moments(const SafeTensors *st, const Model *m, const flo
   return 0;
 }
 
-int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq,
+int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_sq, float *ema,
                     TrainState *state, Error *err) {
   SafeTensors st;
   if (safetensors_read(&st, path, err) != 0) return -1;
   int rc = -1;
-  float *w = NULL, *ea = NULL, *eas = NULL;
+  float *w = NULL, *ea = NULL, *eas = NULL, *avg = NULL;
   const char *format = safetensors_meta_get(&st, "format");
   const char *version = safetensors_meta_get(&st, "format_version");
   const char *ini = safetensors_meta_get(&st, "config");
@@ -312,20 +318,37 @@ int checkpoint_load(const char *path, Model *m, float *exp_avg, float *exp_avg_s
     if (copy_tensor(&st, name, p, eas + p->offset, err)) goto done;
   }
   if (check_second_moments(&st, m, eas, err) != 0) goto done;
-  if (st.count != 3 * m->num_params) {
-    error_set(err, "checkpoint '%s' holds %d tensors, the model expects %d", path, st.count,
-              3 * m->num_params);
+  // The moving average: every tensor or none (a file with the first must have them all), checked
+  // like the weights even when the caller does not want it.
+  char first_ema[CHECKPOINT_NAME_MAX];
+  snprintf(first_ema, sizeof first_ema, "ema.%s", m->params[0].t.name);
+  s.has_ema = safetensors_find(&st, first_ema) != NULL;
+  if (s.has_ema) {
+    avg = calloc_check(1, bytes);
+    for (int i = 0; i < m->num_params; i++) {
+      const Param *p = &m->params[i];
+      char name[CHECKPOINT_NAME_MAX];
+      snprintf(name, sizeof name, "ema.%s", p->t.name);
+      if (copy_tensor(&st, name, p, avg + p->offset, err)) goto done;
+    }
+  }
+  int want = (s.has_ema ? 4 : 3) * m->num_params;
+  if (st.count != want) {
+    error_set(err, "checkpoint '%s' holds %d tensors, the model expects %d%s", path, st.count, want,
+              s.has_ema ? " (weights, two AdamW moments and the moving average \"ema.*\")" : "");
     goto done;
   }
   memcpy(m->weights, w, bytes);
   memcpy(exp_avg, ea, bytes);
   memcpy(exp_avg_sq, eas, bytes);
+  if (avg && ema) memcpy(ema, avg, bytes);
   *state = s;
   rc = 0;
 done:
   free(w);
   free(ea);
   free(eas);
+  free(avg);
   safetensors_free(&st);
   return rc;
 }

@@ -183,7 +183,8 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   SafeTensors st;
   if (safetensors_read(&st, path, err) != 0) return error_prefix(err, "init_from: ");
   bool official = !safetensors_find(&st, "head.fc.weight") && safetensors_find(&st, "head.weight");
-  // A swin.c checkpoint gives its weights; its optimizer moments stay behind (a fresh run).
+  // A swin.c checkpoint gives its weights; its optimizer moments and its moving average of the
+  // weights stay behind (a fresh run; export weights=ema to start from the average).
   const char *format = safetensors_meta_get(&st, "format");
   bool checkpoint = format && strcmp(format, CHECKPOINT_FORMAT) == 0;
   bool *seen = calloc_check((size_t)m->num_params, sizeof(bool));
@@ -194,7 +195,9 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   int rc = -1;
   for (int i = 0; i < st.count; i++) {
     const SafeTensorEntry *e = &st.entries[i];
-    if (is_buffer(e->name) || (checkpoint && strncmp(e->name, "optim.", 6) == 0)) continue;
+    if (is_buffer(e->name) ||
+        (checkpoint && (strncmp(e->name, "optim.", 6) == 0 || strncmp(e->name, "ema.", 4) == 0)))
+      continue;
     char name[256];
     if (official)
       official_to_timm(e->name, name, sizeof name);

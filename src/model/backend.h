@@ -15,7 +15,7 @@
 // host; only download and synchronize wait.
 //
 // Checked at the boundary: backend_create puts a checking layer (src/model/backend_check.h) in
-// front of the backend's own table, always on. Every model op (to_compute ... optimizer_step)
+// front of the backend's own table, always on. Every model op (to_compute ... weights_swap)
 // first computes from its own shape arguments the extent of each pointer it touches (elements of
 // the dtype given below) and, for a pointer inside memory its owner registered (the model's
 // activations, parameters, gradients and geometry tables; the optimizer's moments and state),
@@ -30,6 +30,7 @@
 
 #include "kernels/augment.h"
 #include "kernels/window.h"
+#include "optim/ema.h"
 #include "optim/optimizer.h"
 #include "src/base/tensor.h"
 #include "src/base/util.h"
@@ -260,14 +261,23 @@ typedef struct {
   // One update: the global norm of grads (n) scaled back by the loss scale; if it is not finite
   // the step is skipped (parameters and moments untouched, counted in state, and with
   // dynamic_scale the scale halves); else clipped AdamW at learning rate step->lr (backend
-  // memory) over the chunks (AdamW's bias corrections from state->adam_steps + 1), the compute
-  // copy refreshed (compute NULL when the compute type is f32), and with dynamic_scale the scale
-  // doubles after scale_window clean steps. chunks: backend memory (optim/optimizer.h); each
-  // chunk's offset a multiple of 4 (the GPU updates 16 bytes at a time; model_adamw_chunks
-  // guarantees it).
+  // memory) times each chunk's lr_scale over the chunks (AdamW's bias corrections from
+  // state->adam_steps + 1), the compute copy refreshed (compute NULL when the compute type is
+  // f32), and with dynamic_scale the scale doubles after scale_window clean steps. chunks:
+  // backend memory (optim/optimizer.h); each chunk's offset a multiple of 4 (the GPU updates 16
+  // bytes at a time; model_adamw_chunks guarantees it).
   void (*optimizer_step)(Backend *be, float *params, void *compute, const float *grads, float *m,
                          float *v, int64_t n, const AdamWChunk *chunks, int num_chunks,
                          OptimizerStep hyper, const StepParams *step, OptimState *state);
+  // The moving average of the weights (optim/ema.h), queued after an optimizer_step on the same
+  // state: when that step was applied, ema (n) = lerp(ema, params (n), 1 - decay) with timm's
+  // decay after state->adam_steps updates; a skipped step leaves ema as it is. The decision and
+  // the decay come from state in backend memory, so a captured step replays with its own.
+  void (*ema_update)(Backend *be, float *ema, const float *params, int64_t n, EmaSettings s,
+                     const OptimState *state);
+  // Exchanges a (n) and b (n), f32: the master weights and their average, so the average can be
+  // evaluated in the weights' place and put back, bit for bit, without another copy.
+  void (*weights_swap)(Backend *be, float *a, float *b, int64_t n);
 
   // ---- captured work (CUDA graphs; NULL on the CPU, which has none) ----
   // graph_begin: from now on the work queued on the compute queue is recorded instead of run,

@@ -29,7 +29,9 @@
   X(head_backward)               \
   X(train_loss)                  \
   X(eval_metrics)                \
-  X(optimizer_step)
+  X(optimizer_step)              \
+  X(ema_update)                  \
+  X(weights_swap)
 
 typedef enum {
 #define X(op) CHECK_OP_##op,
@@ -492,6 +494,22 @@ static void check_optimizer_step(Backend *be, float *params, void *compute, cons
   BYTES(state, OptimState, 1);
   INNER->optimizer_step(be, params, compute, grads, m, v, n, chunks, num_chunks, hyper, step,
                         state);
+}
+
+static void check_ema_update(Backend *be, float *ema, const float *params, int64_t n, EmaSettings s,
+                             const OptimState *state) {
+  Call c = call_begin(be, CHECK_OP_ema_update);
+  WHOLE(ema, DTYPE_F32, n);
+  WHOLE(params, DTYPE_F32, n);
+  BYTES(state, OptimState, 1);
+  INNER->ema_update(be, ema, params, n, s, state);
+}
+
+static void check_weights_swap(Backend *be, float *a, float *b, int64_t n) {
+  Call c = call_begin(be, CHECK_OP_weights_swap);
+  WHOLE(a, DTYPE_F32, n);
+  WHOLE(b, DTYPE_F32, n);
+  INNER->weights_swap(be, a, b, n);
 }
 
 #undef CHECK

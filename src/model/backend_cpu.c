@@ -18,6 +18,7 @@
 #include "kernels/residual.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "optim/ema.h"
 #include "src/base/rng.h"
 #include "src/model/backend.h"
 
@@ -325,15 +326,17 @@ static void cpu_optimizer_step(Backend *be, float *params, void *compute, const 
   (void)compute;  // f32 only: the master is the compute copy
   StepDecision d = optimizer_decide(state, grad_sum_squares_cpu(grads, n), hyper);
   if (d.skip) return;
-  // Runs of chunks with the same decay go in one call (one parallel region each).
+  // Runs of adjacent chunks with the same decay and lr scale go in one call (one parallel
+  // region each). The chunk's learning rate: optim/optimizer.h's AdamWChunk.
   for (int i = 0; i < num_chunks;) {
     int k = i + 1;
     while (k < num_chunks && chunks[k].weight_decay == chunks[i].weight_decay &&
+           chunks[k].lr_scale == chunks[i].lr_scale &&
            chunks[k].offset == chunks[k - 1].offset + chunks[k - 1].count)
       k++;
     int64_t off = chunks[i].offset;
     int64_t count = chunks[k - 1].offset + chunks[k - 1].count - off;
-    AdamWHyper h = {.lr = step->lr,
+    AdamWHyper h = {.lr = step->lr * chunks[i].lr_scale,
                     .beta1 = hyper.beta1,
                     .beta2 = hyper.beta2,
                     .eps = hyper.eps,
@@ -341,6 +344,18 @@ static void cpu_optimizer_step(Backend *be, float *params, void *compute, const 
     adamw_update_cpu(params + off, grads + off, m + off, v + off, count, h, d.t, d.grad_scale);
     i = k;
   }
+}
+
+static void cpu_ema_update(Backend *be, float *ema, const float *params, int64_t n, EmaSettings s,
+                           const OptimState *state) {
+  (void)be;
+  float w;
+  if (ema_step_weight(state, s, &w)) ema_update_cpu(ema, params, n, w);
+}
+
+static void cpu_weights_swap(Backend *be, float *a, float *b, int64_t n) {
+  (void)be;
+  weights_swap_cpu(a, b, n);
 }
 
 static void cpu_profile(Backend *be, bool on) {
@@ -396,6 +411,8 @@ static const BackendOps cpu_ops = {
     .train_loss = cpu_train_loss,
     .eval_metrics = cpu_eval_metrics,
     .optimizer_step = cpu_optimizer_step,
+    .ema_update = cpu_ema_update,
+    .weights_swap = cpu_weights_swap,
     // graph_begin, graph_end, graph_launch, graph_destroy: NULL, the CPU captures nothing
     .profile = cpu_profile,
     .profile_report = cpu_profile_report,

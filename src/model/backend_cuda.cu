@@ -19,6 +19,7 @@
 #include "kernels/loss.h"
 #include "kernels/patch.h"
 #include "kernels/residual.h"
+#include "optim/ema.h"
 #include "optim/optimizer.h"
 #include "src/base/cuda_util.h"
 #include "src/model/backend.h"
@@ -642,6 +643,17 @@ void cuda_optimizer_step(Backend *be, float *params, void *compute, const float 
                       state_of(be)->compute);
 }
 
+void cuda_ema_update(Backend *be, float *ema, const float *params, int64_t n, EmaSettings s,
+                     const OptimState *state) {
+  OpScope scope(be, OP_OPTIMIZER);
+  ema_update_cuda(ema, params, n, s, state, state_of(be)->compute);
+}
+
+void cuda_weights_swap(Backend *be, float *a, float *b, int64_t n) {
+  OpScope scope(be, OP_MEMORY);
+  weights_swap_cuda(a, b, n, state_of(be)->compute);
+}
+
 const BackendOps cuda_ops = {
     .name = "cuda",
     .max_window_tokens = WINDOW_ATTENTION_CUDA_MAX_N,
@@ -687,6 +699,8 @@ const BackendOps cuda_ops = {
     .train_loss = cuda_train_loss,
     .eval_metrics = cuda_eval_metrics,
     .optimizer_step = cuda_optimizer_step,
+    .ema_update = cuda_ema_update,
+    .weights_swap = cuda_weights_swap,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

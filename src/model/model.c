@@ -87,6 +87,7 @@ typedef struct {
   int index;
   int64_t offset;  // next tensor's start (aligned)
   int64_t values;  // parameters so far
+  int layer_id;    // of the tensors that follow (Param.layer_id)
 } ParamWalk;
 
 static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const int64_t *shape,
@@ -104,7 +105,8 @@ static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const in
     k->table[k->index] = (Param){.t = tensor_view(NULL, DTYPE_F32, DEVICE_CPU, name, ndim, shape),
                                  .offset = k->offset,
                                  .decay = decay,
-                                 .init = init};
+                                 .init = init,
+                                 .layer_id = k->layer_id};
   }
   float *ptr = k->base ? k->base + k->offset : NULL;
   k->index++;
@@ -123,11 +125,21 @@ static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const in
 #define ONE PARAM_INIT_ONE
 #define CONV PARAM_INIT_CONV_UNIFORM
 
+// Layer ids (Param.layer_id, for train.layer_decay) are those of the official Swin code's
+// layer-wise lr decay (get_swin_layer in microsoft/Swin-Transformer's optimizer.py, with which
+// its fine-tuning builds the parameter groups; scale layer_decay^(L + 1 - id), L the number of
+// blocks): the patch embedding is 0; block j of stage s is 1 + the number of blocks before it;
+// a patch merging has the id of the block just before it (the official layout puts it at the
+// end of the previous stage, layers.{s-1}.downsample, with id sum(depths[:s])); the final norm
+// and the head, everything after the blocks, L + 1. timm's group_matcher for Swin (timm's
+// layout, merging at the start of layers.{s}) numbers two groups otherwise: its merging shares
+// the id of the stage's first block, and its final norm that of the last block.
+
 // Walks every parameter in forward order: fills table when non-NULL, binds w to base when both
 // are non-NULL. Returns the number of parameter tensors; sets m->num_floats and m->num_values.
 static int walk_params(Model *m, Param *table, Weights *w, float *base) {
   const Config *c = &m->cfg;
-  ParamWalk k = {.table = table, .base = base};
+  ParamWalk k = {.table = table, .base = base, .layer_id = 0};
   Weights unused = {0};
   if (!w) w = &unused;
   int64_t E = c->embed_dim, p = c->patch_size;
@@ -140,7 +152,8 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
     const StageGeom *g = &m->stages[s];
     int64_t C = g->C;
     if (g->merge) {
-      int64_t C4 = 2 * C;  // 4 * previous width
+      int64_t C4 = 2 * C;           // 4 * previous width
+      k.layer_id = g->first_block;  // the previous stage's last block
       w->merge_norm_w[s] = VEC(ONE, C4, "layers.%d.downsample.norm.weight", s);
       w->merge_norm_b[s] = VEC(ZERO, C4, "layers.%d.downsample.norm.bias", s);
       w->merge_w[s] = PARAM(true, NORMAL, C, C4), "layers.%d.downsample.reduction.weight", s);
@@ -148,6 +161,7 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
     for (int j = 0; j < g->depth; j++) {
       BlockWeights unused_block, *b = w->blocks ? &w->blocks[g->first_block + j] : &unused_block;
       int64_t table_rows = (int64_t)(2 * g->wh - 1) * (2 * g->ww - 1), hidden = g->hidden;
+      k.layer_id = g->first_block + j + 1;
 #define BLK "layers.%d.blocks.%d."
       b->norm1_w = VEC(ONE, C, BLK "norm1.weight", s, j);
       b->norm1_b = VEC(ZERO, C, BLK "norm1.bias", s, j);
@@ -167,6 +181,7 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
     }
   }
   int64_t Cl = m->stages[m->num_stages - 1].C;
+  k.layer_id = m->num_blocks + 1;
   w->norm_w = VEC(ONE, Cl, "norm.weight");
   w->norm_b = VEC(ZERO, Cl, "norm.bias");
   w->head_w = PARAM(true, NORMAL, c->num_classes, Cl), "head.fc.weight");
@@ -932,18 +947,24 @@ double model_train_flops(const Model *m, int B) {
   return 2.0 * 3.0 * macs * B;
 }
 
-int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks) {
+float model_layer_lr_scale(const Model *m, int layer_id, float layer_decay) {
+  return (float)pow((double)layer_decay, (double)(m->num_blocks + 1 - layer_id));
+}
+
+int model_adamw_chunks(const Model *m, float weight_decay, float layer_decay, AdamWChunk *chunks) {
   int n = 0;
   for (int i = 0; i < m->num_params; i++) {
     const Param *p = &m->params[i];
     int64_t numel = tensor_numel(&p->t);
+    float lr_scale = model_layer_lr_scale(m, p->layer_id, layer_decay);
     for (int64_t off = 0; off < numel; off += MODEL_ADAMW_CHUNK, n++) {
       if (!chunks) continue;
       int64_t left = numel - off;
       chunks[n] =
           (AdamWChunk){.offset = p->offset + off,
                        .count = (int32_t)(left < MODEL_ADAMW_CHUNK ? left : MODEL_ADAMW_CHUNK),
-                       .weight_decay = p->decay ? weight_decay : 0.0f};
+                       .weight_decay = p->decay ? weight_decay : 0.0f,
+                       .lr_scale = lr_scale};
     }
   }
   return n;

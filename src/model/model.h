@@ -78,6 +78,7 @@ typedef struct {
   int64_t offset;  // floats from the start of the buffer (a multiple of MODEL_PARAM_ALIGN)
   bool decay;      // weight decay applies (not for 1-D params, biases, bias tables)
   ParamInit init;
+  int layer_id;  // train.layer_decay's depth, 0 (patch embedding) .. num_blocks + 1 (model.c)
 } Param;
 
 // Per-block saved activations of the training forward (views in the activation arena, backend
@@ -223,11 +224,16 @@ void model_zero_grads(Model *m);
 // LayerNorm and softmax are not counted. The basis of the benchmark's MFU.
 double model_train_flops(const Model *m, int B);
 
+// Layer-wise learning-rate decay (train.layer_decay): the factor on the learning rate of
+// parameters with layer id `layer_id`, layer_decay^(num_blocks + 1 - layer_id) (computed in
+// double, rounded to float); 1 for every id when layer_decay is 1.
+float model_layer_lr_scale(const Model *m, int layer_id, float layer_decay);
 // The AdamW chunk table (optim/optimizer.h): every tensor cut into pieces of at most
-// MODEL_ADAMW_CHUNK elements, with weight_decay where Param.decay and 0 elsewhere. Returns
-// the number of chunks; chunks NULL only counts.
+// MODEL_ADAMW_CHUNK elements, with weight_decay where Param.decay and 0 elsewhere, and the
+// lr_scale of the tensor's layer id (model_layer_lr_scale). Returns the number of chunks;
+// chunks NULL only counts.
 #define MODEL_ADAMW_CHUNK 16384
-int model_adamw_chunks(const Model *m, float weight_decay, AdamWChunk *chunks);
+int model_adamw_chunks(const Model *m, float weight_decay, float layer_decay, AdamWChunk *chunks);
 // Looks a parameter up by timm name; NULL if absent.
 const Param *model_find_param(const Model *m, const char *name);
 // Parameter i as a tensor over the flat host buffer base (num_floats: weights, moments).

@@ -45,7 +45,7 @@ static void check_checkpoint(Fixture *f, const char *path) {
   TrainState s;
   Error err;
   model_init_weights(&f->model, 0);
-  if (checkpoint_load(path, &f->model, f->exp_avg, f->exp_avg_sq, &s, &err) != 0) return;
+  if (checkpoint_load(path, &f->model, f->exp_avg, f->exp_avg_sq, NULL, &s, &err) != 0) return;
   check_loaded_weights(&f->model, "checkpoint_load");
   FUZZ_REQUIRE(first_nonfinite(f->exp_avg, f->model.num_floats) < 0 &&
                    first_nonfinite(f->exp_avg_sq, f->model.num_floats) < 0,

@@ -86,8 +86,8 @@ static void seed_weights(const char *tmp) {
   }
   TrainState state = {.step = 3, .epoch = 1, .batch = 1, .seed = 0, .loss_scale = 1};
   char path[1024];
-  if (checkpoint_save(tmp, &m, exp_avg, exp_avg_sq, &state, NULL, 1, path, sizeof path, &err) !=
-      0) {
+  if (checkpoint_save(tmp, &m, exp_avg, exp_avg_sq, NULL, &state, NULL, 1, path, sizeof path,
+                      &err) != 0) {
     fprintf(stderr, "%s\n", err.msg);
     exit(1);
   }
