@@ -126,12 +126,8 @@ static bool is_lead(const Trainer *t) {
 static int check_batch_split(const Config *cfg, int world, Error *err) {
   int batch = cfg->batch_size, accum = cfg->accum_steps, parts = world * accum;
   if (accum > 1 && batch % parts != 0) {
-    int below = batch / parts * parts;
     char choices[64];
-    if (below > 0)
-      snprintf(choices, sizeof choices, "%d or %d", below, below + parts);
-    else
-      snprintf(choices, sizeof choices, "%d", parts);
+    format_multiples_near(choices, sizeof choices, batch, parts);
     return error_set(err,
                      "train.batch_size = %d (the global batch) does not divide into %d process%s "
                      "x train.accum_steps = %d micro-batches\nHINT: set train.batch_size to a "
@@ -141,12 +137,8 @@ static int check_batch_split(const Config *cfg, int world, Error *err) {
                      batch, world, world > 1 ? "es" : "", accum, parts, choices, accum, parts);
   }
   if (batch % world != 0) {
-    int below = batch / world * world;
     char choices[64];
-    if (below > 0)
-      snprintf(choices, sizeof choices, "%d or %d", below, below + world);
-    else
-      snprintf(choices, sizeof choices, "%d", world);
+    format_multiples_near(choices, sizeof choices, batch, world);
     return error_set(err,
                      "train.batch_size = %d (the global batch) does not divide among the %d "
                      "processes of this job\nHINT: set train.batch_size to a multiple of %d (%s; "

@@ -1245,12 +1245,9 @@ static int validate_geometry(const Config *c, Error *err) {
   int p = c->patch_size;
   if (c->img_h % p != 0 || c->img_w % p != 0) {
     bool bad_h = c->img_h % p != 0;
-    int side = bad_h ? c->img_h : c->img_w, below = side / p * p;
+    int side = bad_h ? c->img_h : c->img_w;
     char choices[64];
-    if (below > 0)
-      snprintf(choices, sizeof choices, "%d or %d", below, below + p);
-    else
-      snprintf(choices, sizeof choices, "%d", p);
+    format_multiples_near(choices, sizeof choices, side, p);
     return error_set(err,
                      "model.img_size %dx%d does not tile into patches: the %s %d is not a "
                      "multiple of model.patch_size %d\nHINT: use an image %s that is a "
@@ -1307,12 +1304,8 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "HINT: set train.cuda_graphs=auto (on wherever it is supported) or off, or "
                      "device=cuda");
   if (c->batch_size % c->accum_steps != 0) {
-    int below = c->batch_size / c->accum_steps * c->accum_steps;
     char choices[64];
-    if (below > 0)
-      snprintf(choices, sizeof choices, "%d or %d", below, below + c->accum_steps);
-    else
-      snprintf(choices, sizeof choices, "%d", c->accum_steps);
+    format_multiples_near(choices, sizeof choices, c->batch_size, c->accum_steps);
     return error_set(err,
                      "train.batch_size = %d does not divide into train.accum_steps = %d "
                      "micro-batches\nHINT: set train.batch_size to a multiple of %d (%s), or "

@@ -224,6 +224,14 @@ double time_now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void format_multiples_near(char *buf, size_t size, int value, int step) {
+  int below = value / step * step;
+  if (below > 0)
+    snprintf(buf, size, "%d or %d", below, below + step);
+  else
+    snprintf(buf, size, "%d", step);
+}
+
 bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
   return n >= k && strcmp(s + n - k, suffix) == 0;

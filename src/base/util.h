@@ -72,6 +72,9 @@ int edit_distance(const char *a, const char *b);
 // Whether s ends with suffix (file kinds by their names: ".onnx", ".safetensors").
 bool ends_with(const char *s, const char *suffix);
 
+// The multiples of step nearest value, for a HINT: "48 or 64" around 50 by 16, "16" below it.
+void format_multiples_near(char *buf, size_t size, int value, int step);
+
 #ifdef __cplusplus
 }
 #endif
