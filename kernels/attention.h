@@ -2,13 +2,16 @@
 //
 // Input is the qkv linear's output per window: qkv (BW, N, 3C), N = wh*ww tokens, channel
 // s*C + h*hd + d for s in (q, k, v), head h, d < hd = C / heads. For each window b, head h:
-//   S = (q * hd^-0.5) k^T + table[index[i][j]][h] + mask[b % nW][i][j]   (N, N)
+//   S = (q * scale) k^T + table[index[i][j]][h] + mask[b % nW][i][j]   (N, N)
 //   P = softmax over j of S (fp32; saved in att for the backward)
 //   out[b][i][h*hd + d] = sum_j P[i][j] v[j][d]                           out (BW, N, C)
 // mask is (nW, N, N) or NULL (unshifted blocks); nW is the windows per image, so the window
 // b of the stacked batch uses mask b % nW. table ((2wh-1)*(2ww-1), heads); index (N, N) from
-// relative_position_index.
+// relative_position_index. scale is the caller's: Swin V1 passes attention_head_dim_scale(hd),
+// timm's head_dim ** -0.5; Swin V2 passes 1 (its q and k are normalized and q carries the logit
+// scale: kernels/cosine_attention.h).
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
@@ -19,16 +22,21 @@
 extern "C" {
 #endif
 
+// head_dim ** -0.5 as the fp32 scalar timm multiplies q by (Swin V1): the one definition.
+static inline float attention_head_dim_scale(int head_dim) {
+  return (float)(1.0 / sqrt((double)head_dim));
+}
+
 // att (BW, heads, N, N) written with the softmax probabilities.
 void window_attention_forward_cpu(float *out, float *att, const float *qkv, const float *table,
                                   const int *index, const float *mask, int BW, int nW, int N, int C,
-                                  int heads);
+                                  int heads, float scale);
 // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K * scale;
 // dK = dS^T Q * scale; dtable[index[i][j]][h] += sum over windows of dS[i][j].
 // dqkv (BW, N, 3C) overwritten; dtable accumulated (+=).
 void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout, const float *qkv,
                                    const float *att, const int *index, int BW, int N, int C,
-                                   int heads);
+                                   int heads, float scale);
 
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms: same parameters as the CPU ones, as device pointers (index and mask uploaded once
@@ -73,7 +81,8 @@ int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads)
 // flash attention does).
 void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
-                                   int nW, int N, int C, int heads, cudaStream_t stream);
+                                   int nW, int N, int C, int heads, float scale,
+                                   cudaStream_t stream);
 
 // Floats of scratch the backward needs: the tensor-core path's per-block window sums of dS and
 // qkv bias sums; the flash path's per-group window sums of dS; the SIMT and flash paths' column
@@ -105,7 +114,7 @@ int64_t window_attention_backward_cuda_scratch_bound(int max_N, int max_heads, i
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
                                     const void *dout, const void *qkv, const void *out, float *att,
                                     const float *table, const int *index, const float *mask, int BW,
-                                    int nW, int N, int C, int heads, float *scratch,
+                                    int nW, int N, int C, int heads, float scale, float *scratch,
                                     cudaStream_t stream);
 #endif
 

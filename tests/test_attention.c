@@ -2,7 +2,8 @@
 // in double (forward and backward), against finite differences of its own forward for qkv and
 // the bias table, and for forward results and gradients that do not depend on the thread count.
 // Covers unshifted windows, shifted windows with a mask of nW > 1 windows used by BW = B * nW
-// stacked windows, a rectangular window, and a window equal to a 7x7 map.
+// stacked windows, a rectangular window, a window equal to a 7x7 map, and the scale 1 of Swin
+// V2 (whose q carries its own scale) beside V1's head_dim^-0.5.
 #include <omp.h>
 
 #include "kernels/attention.h"
@@ -13,10 +14,12 @@
 typedef struct {
   const char *what;
   int B, H, W, wh, ww, sh, sw, C, heads;
+  float scale;  // of q k^T; 0: attention_head_dim_scale(C / heads), Swin V1's
 } AttnShape;
 
 typedef struct {
   int BW, nW, N, C, heads, table_rows;
+  float scale;
   float *qkv;        // (BW, N, 3C)
   float *table;      // (table_rows, heads)
   float *mask;       // (nW, N, N) or NULL
@@ -27,6 +30,8 @@ typedef struct {
 
 static AttnCase attn_case_make(TestRng *rng, const AttnShape *s) {
   AttnCase c = {.N = s->wh * s->ww, .C = s->C, .heads = s->heads};
+  float v1_scale = attention_head_dim_scale(s->C / s->heads);
+  c.scale = s->scale > 0 ? s->scale : v1_scale;
   c.nW = (s->H / s->wh) * (s->W / s->ww);
   c.BW = s->B * c.nW;
   c.table_rows = (2 * s->wh - 1) * (2 * s->ww - 1);
@@ -37,8 +42,10 @@ static AttnCase attn_case_make(TestRng *rng, const AttnShape *s) {
   c.out = malloc(nout * sizeof(float));
   c.att = malloc((size_t)c.BW * c.heads * c.N * c.N * sizeof(float));
   c.index = malloc((size_t)c.N * c.N * sizeof(int));
-  // Scores of a few units so that the softmax is neither flat nor one-hot.
-  test_fill_uniform(rng, c.qkv, nqkv, -1.5f, 1.5f);
+  // Scores of a few units so that the softmax is neither flat nor one-hot: q and k of 1.5 at
+  // V1's scale, smaller by sqrt(v1_scale / scale) at another.
+  float amp = 1.5f * sqrtf(v1_scale / c.scale);
+  test_fill_uniform(rng, c.qkv, nqkv, -amp, amp);
   test_fill_uniform(rng, c.table, (int64_t)c.table_rows * c.heads, -1.0f, 1.0f);
   test_fill_uniform(rng, c.R, nout, -1.0f, 1.0f);
   relative_position_index(c.index, s->wh, s->ww);
@@ -62,7 +69,7 @@ static void attn_case_free(AttnCase *c) {
 
 static void attn_forward(AttnCase *c) {
   window_attention_forward_cpu(c->out, c->att, c->qkv, c->table, c->index, c->mask, c->BW, c->nW,
-                               c->N, c->C, c->heads);
+                               c->N, c->C, c->heads, c->scale);
 }
 
 // The finite-difference objective: L = sum(out * R) in double for a fixed random R, so
@@ -80,7 +87,7 @@ static double attn_objective(void *ctx) {
 // fp32 at the end: out, att, dqkv, dtable (dtable summed from zero).
 static void attn_reference(const AttnCase *c, float *out, float *att, float *dqkv, float *dtable) {
   int N = c->N, C = c->C, heads = c->heads, hd = C / heads;
-  double scale = 1.0 / sqrt((double)hd);
+  double scale = c->scale;
   double *P = malloc((size_t)N * N * sizeof(double)), *dS = malloc((size_t)N * N * sizeof(double));
   double *dt = calloc((size_t)c->table_rows * heads, sizeof(double));
   for (int b = 0; b < c->BW; b++) {
@@ -152,9 +159,11 @@ static void attn_reference(const AttnCase *c, float *out, float *att, float *dqk
 // ---- checks -------------------------------------------------------------------------------
 static void check_shape(TestRng *rng, const AttnShape *s) {
   AttnCase c = attn_case_make(rng, s);
-  printf("-- %s: B=%d map %dx%d window %dx%d shift (%d, %d) -> BW=%d nW=%d N=%d C=%d heads=%d%s\n",
-         s->what, s->B, s->H, s->W, s->wh, s->ww, s->sh, s->sw, c.BW, c.nW, c.N, c.C, c.heads,
-         c.mask ? " masked" : "");
+  printf(
+      "-- %s: B=%d map %dx%d window %dx%d shift (%d, %d) -> BW=%d nW=%d N=%d C=%d heads=%d "
+      "scale %g%s\n",
+      s->what, s->B, s->H, s->W, s->wh, s->ww, s->sh, s->sw, c.BW, c.nW, c.N, c.C, c.heads, c.scale,
+      c.mask ? " masked" : "");
   int64_t nqkv = (int64_t)c.BW * c.N * 3 * c.C, nout = (int64_t)c.BW * c.N * c.C;
   int64_t natt = (int64_t)c.BW * c.heads * c.N * c.N, ntab = (int64_t)c.table_rows * c.heads;
   float *want_out = malloc(nout * sizeof(float)), *want_att = malloc(natt * sizeof(float));
@@ -170,7 +179,8 @@ static void check_shape(TestRng *rng, const AttnShape *s) {
   test_close("forward att (softmax) vs double loops", c.att, want_att, natt, 1e-6);
 
   test_poison(dqkv, nqkv);
-  window_attention_backward_cpu(dqkv, dtable, c.R, c.qkv, c.att, c.index, c.BW, c.N, c.C, c.heads);
+  window_attention_backward_cpu(dqkv, dtable, c.R, c.qkv, c.att, c.index, c.BW, c.N, c.C, c.heads,
+                                c.scale);
   // Backward sums of products of fp32 P, dP (both ~1e-7 relative); dS = P (dP - rowsum)
   // cancels a little: 5e-6.
   test_close("backward dqkv vs double loops", dqkv, want_dqkv, nqkv, 5e-6);
@@ -180,7 +190,8 @@ static void check_shape(TestRng *rng, const AttnShape *s) {
   float *acc = malloc(ntab * sizeof(float)), *want_acc = malloc(ntab * sizeof(float));
   test_fill_uniform(rng, acc, ntab, -1.0f, 1.0f);
   for (int64_t t = 0; t < ntab; t++) want_acc[t] = acc[t] + dtable[t];
-  window_attention_backward_cpu(dqkv, acc, c.R, c.qkv, c.att, c.index, c.BW, c.N, c.C, c.heads);
+  window_attention_backward_cpu(dqkv, acc, c.R, c.qkv, c.att, c.index, c.BW, c.N, c.C, c.heads,
+                                c.scale);
   test_close("backward dtable accumulates (+=)", acc, want_acc, ntab, 1e-7);
 
   // Scores are O(1) and the softmax is smooth there, so h = 1e-2 keeps the O(h^2) truncation
@@ -211,7 +222,7 @@ static void check_shape(TestRng *rng, const AttnShape *s) {
 // The bias-table gradient sums over all windows: it must be bitwise equal for 1 and 2 threads.
 // The forward (softmax rows summed in a vectorized order) must be as well.
 static void check_thread_independence(TestRng *rng) {
-  AttnShape s = {"Swin-T stage 1 windows", 2, 28, 28, 7, 7, 3, 3, 96, 3};
+  AttnShape s = {"Swin-T stage 1 windows", 2, 28, 28, 7, 7, 3, 3, 96, 3, 0};
   AttnCase c = attn_case_make(rng, &s);
   int64_t nqkv = (int64_t)c.BW * c.N * 3 * c.C, ntab = (int64_t)c.table_rows * c.heads;
   int64_t nout = (int64_t)c.BW * c.N * c.C, natt = (int64_t)c.BW * c.heads * c.N * c.N;
@@ -235,7 +246,7 @@ static void check_thread_independence(TestRng *rng) {
     dqkv[t] = malloc(nqkv * sizeof(float));
     dtable[t] = calloc(ntab, sizeof(float));
     window_attention_backward_cpu(dqkv[t], dtable[t], c.R, c.qkv, c.att, c.index, c.BW, c.N, c.C,
-                                  c.heads);
+                                  c.heads, c.scale);
   }
   test_check(memcmp(dtable[0], dtable[1], ntab * sizeof(float)) == 0,
              "dtable bitwise equal with 1 and 2 threads (BW=%d)", c.BW);
@@ -251,11 +262,12 @@ static void check_thread_independence(TestRng *rng) {
 int main(void) {
   TestRng rng = {.state = 0xa77e4u};
   const AttnShape shapes[] = {
-      {"unshifted windows", 2, 8, 8, 4, 4, 0, 0, 12, 3},
-      {"shifted windows, mask nW=4", 2, 8, 8, 4, 4, 2, 2, 12, 3},
-      {"H != W, shifted, mask nW=6", 2, 8, 12, 4, 4, 2, 2, 8, 2},
-      {"rectangular window 3x4, shifted", 2, 6, 8, 3, 4, 1, 2, 16, 2},
-      {"window = 7x7 map, no shift", 2, 7, 7, 7, 7, 0, 0, 64, 2},
+      {"unshifted windows", 2, 8, 8, 4, 4, 0, 0, 12, 3, 0},
+      {"shifted windows, mask nW=4", 2, 8, 8, 4, 4, 2, 2, 12, 3, 0},
+      {"H != W, shifted, mask nW=6", 2, 8, 12, 4, 4, 2, 2, 8, 2, 0},
+      {"rectangular window 3x4, shifted", 2, 6, 8, 3, 4, 1, 2, 16, 2, 0},
+      {"window = 7x7 map, no shift", 2, 7, 7, 7, 7, 0, 0, 64, 2, 0},
+      {"Swin V2's scale 1, shifted, mask nW=4", 2, 8, 8, 4, 4, 2, 2, 16, 2, 1.0f},
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&rng, &shapes[i]);
   check_thread_independence(&rng);

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/attention.h"
 #include "src/app/learner.h"
 #include "src/model/backend_check.h"
 #include "src/model/model.h"
@@ -124,7 +125,8 @@ static void attention_call(Model *m, const void *qkv, const float *mask) {
   const StageGeom *g = &m->stages[0];
   BlockActs *a = &m->acts.blocks[1];
   m->be->ops->attention_forward(m->be, a->attn_out, a->att, qkv, m->w.blocks[1].rel_table,
-                                g->index_be, mask, BATCH * g->nW, g->nW, g->N, g->C, g->heads);
+                                g->index_be, mask, BATCH * g->nW, g->nW, g->N, g->C, g->heads,
+                                attention_head_dim_scale(g->head_dim));
 }
 
 static void attention_right(Model *m) {

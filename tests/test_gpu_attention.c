@@ -4,7 +4,9 @@
 // window shifted along both sides, each with several windows per image and 2 images, 64
 // windows per image with 8 and 12 heads (1 image), and 8x8 windows (N = 64) with head_dim 64;
 // windows past one 64-token tile (the flash kernels): 12x12 (N = 144) with head_dim 32, 64 and 48,
-// shifted and not, 64 windows per image, 12x7, 9x9 (N odd), 10x10, 16x16 and 24x24 (N = 576).
+// shifted and not, 64 windows per image, 12x7, 9x9 (N odd), 10x10, 16x16 and 24x24 (N = 576);
+// Swin V2's scale 1 (its q carries the logit scale) on 8x8 and 16x16 windows, elsewhere V1's
+// head_dim^-0.5.
 // The backward starts from each backend's own forward (its `saved`, which the backward may
 // overwrite, is put back before each run), dtable and dqkv_bias (dqkv's column sums: the qkv
 // layer's bias gradient) accumulate onto random values, and the CUDA backward runs twice and
@@ -12,6 +14,7 @@
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
+#include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/window.h"
 
@@ -21,44 +24,51 @@ typedef struct {
   int wh, ww;   // window
   int sh, sw;   // shift (0, 0: no mask)
   int C, heads;
+  float scale;  // of q k^T; 0: attention_head_dim_scale(C / heads), Swin V1's
 } AttnShape;
 
 static const AttnShape shapes[] = {
-    {"7x7 windows (N=49), C=96, 3 heads", 2, 14, 14, 7, 7, 0, 0, 96, 3},
-    {"7x7 windows, shifted (mask)", 2, 14, 14, 7, 7, 3, 3, 96, 3},
-    {"4x4 windows (N=16), C=64, 2 heads, shifted", 2, 8, 8, 4, 4, 2, 2, 64, 2},
-    {"4x4 windows, unshifted", 2, 8, 8, 4, 4, 0, 0, 64, 2},
-    {"2x4 windows (rectangular), C=32, 2 heads, shifted", 2, 4, 8, 2, 4, 1, 2, 32, 2},
+    {"7x7 windows (N=49), C=96, 3 heads", 2, 14, 14, 7, 7, 0, 0, 96, 3, 0},
+    {"7x7 windows, shifted (mask)", 2, 14, 14, 7, 7, 3, 3, 96, 3, 0},
+    {"4x4 windows (N=16), C=64, 2 heads, shifted", 2, 8, 8, 4, 4, 2, 2, 64, 2, 0},
+    {"4x4 windows, unshifted", 2, 8, 8, 4, 4, 0, 0, 64, 2, 0},
+    {"2x4 windows (rectangular), C=32, 2 heads, shifted", 2, 4, 8, 2, 4, 1, 2, 32, 2, 0},
     // 64 windows per image and 8 heads: the tensor-core backward's window groups (396 / 8 = 49)
     // are not a multiple of the 64 window types, so its blocks meet several masks
-    {"7x7 windows, shifted, 8x8 windows per image, C=256, 8 heads", 1, 56, 56, 7, 7, 3, 3, 256, 8},
+    {"7x7 windows, shifted, 8x8 windows per image, C=256, 8 heads", 1, 56, 56, 7, 7, 3, 3, 256, 8,
+     0},
     // The forward's window groups (660 / 12 = 55) are below the 64 window types as well
-    {"7x7 windows, shifted, 8x8 windows per image, C=384, 12 heads", 1, 56, 56, 7, 7, 3, 3, 384,
-     12},
+    {"7x7 windows, shifted, 8x8 windows per image, C=384, 12 heads", 1, 56, 56, 7, 7, 3, 3, 384, 12,
+     0},
     // 64 tokens: the tensor-core kernels' 8-tile key rows; head_dim 64
-    {"8x8 windows (N=64), C=128, 2 heads, shifted", 2, 16, 16, 8, 8, 4, 4, 128, 2},
+    {"8x8 windows (N=64), C=128, 2 heads, shifted", 2, 16, 16, 8, 8, 4, 4, 128, 2, 0},
     // More than 64 tokens: the flash kernels, keys and queries in tiles (tensor cores: of 48
     // where that pads less, else 64; SIMT: 64): 144 = 3 x 48, 84 = 1.75 x 48, 81 = 1.69 x 48
     // with N odd (no paired bias loads), 100 = 1.56 x 64
-    {"12x12 windows (N=144), C=128, 4 heads, shifted", 2, 24, 24, 12, 12, 6, 6, 128, 4},
-    {"12x12 windows, C=256, 4 heads (head_dim 64)", 2, 24, 24, 12, 12, 0, 0, 256, 4},
-    {"12x7 windows (N=84, rectangular), C=96, 3 heads, shifted", 2, 24, 14, 12, 7, 6, 3, 96, 3},
-    {"9x9 windows (N=81, odd), C=64, 2 heads, shifted", 2, 18, 18, 9, 9, 4, 4, 64, 2},
-    {"10x10 windows (N=100), C=64, 2 heads, shifted", 2, 20, 20, 10, 10, 5, 5, 64, 2},
+    {"12x12 windows (N=144), C=128, 4 heads, shifted", 2, 24, 24, 12, 12, 6, 6, 128, 4, 0},
+    {"12x12 windows, C=256, 4 heads (head_dim 64)", 2, 24, 24, 12, 12, 0, 0, 256, 4, 0},
+    {"12x7 windows (N=84, rectangular), C=96, 3 heads, shifted", 2, 24, 14, 12, 7, 6, 3, 96, 3, 0},
+    {"9x9 windows (N=81, odd), C=64, 2 heads, shifted", 2, 18, 18, 9, 9, 4, 4, 64, 2, 0},
+    {"10x10 windows (N=100), C=64, 2 heads, shifted", 2, 20, 20, 10, 10, 5, 5, 64, 2, 0},
     // 64 windows per image: the dk/dv blocks each sum a strided set of several windows
     {"12x12 windows, shifted, 8x8 windows per image, C=128, 4 heads", 1, 96, 96, 12, 12, 6, 6, 128,
-     4},
-    {"16x16 windows (N=256), C=64, 2 heads, shifted", 1, 32, 32, 16, 16, 8, 8, 64, 2},
+     4, 0},
+    {"16x16 windows (N=256), C=64, 2 heads, shifted", 1, 32, 32, 16, 16, 8, 8, 64, 2, 0},
     {"24x24 windows (N=576), C=128, 2 heads (head_dim 64), shifted", 1, 48, 48, 24, 24, 12, 12, 128,
-     2},
+     2, 0},
     // head_dim 48: no tensor-core kernel, so bf16 and f16 take the flash SIMT ones too
-    {"12x12 windows, C=96, 2 heads (head_dim 48), shifted", 1, 24, 24, 12, 12, 6, 6, 96, 2},
+    {"12x12 windows, C=96, 2 heads (head_dim 48), shifted", 1, 24, 24, 12, 12, 6, 6, 96, 2, 0},
+    // Swin V2 (swinv2_*_window8 / window16): scale 1, the tensor-core and the flash kernels
+    {"V2: 8x8 windows (N=64), C=96, 3 heads, shifted, scale 1", 2, 16, 16, 8, 8, 4, 4, 96, 3, 1.0f},
+    {"V2: 16x16 windows (N=256), C=96, 3 heads, shifted, scale 1", 1, 32, 32, 16, 16, 8, 8, 96, 3,
+     1.0f},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 // The geometry the model derives from a shape (src/model/model.c build_geometry).
 typedef struct {
   int N, nW, BW, rows;  // tokens per window, windows per image, windows, bias-table rows
+  float scale;          // of q k^T
   int64_t qkv, out;     // elements of qkv (BW, N, 3C) and out (BW, N, C)
 } AttnGeom;
 
@@ -68,6 +78,7 @@ static AttnGeom geom_of(const AttnShape *s) {
   g.nW = (s->H / s->wh) * (s->W / s->ww);
   g.BW = s->B * g.nW;
   g.rows = (2 * s->wh - 1) * (2 * s->ww - 1);
+  g.scale = s->scale > 0 ? s->scale : attention_head_dim_scale(s->C / s->heads);
   g.out = (int64_t)g.BW * g.N * s->C;
   g.qkv = 3 * g.out;
   return g;
@@ -82,8 +93,9 @@ typedef struct {
 static void inputs_make(AttnIn *in, TestRng *rng, DType dt, const AttnShape *s) {
   AttnGeom g = geom_of(s);
   // q.k over 32 channels of U(-1.5, 1.5), scaled by 32^-0.5: scores of spread ~1, so the softmax
-  // is neither flat nor one-hot.
-  in->qkv = test_random_act(rng, dt, g.qkv, -1.5f, 1.5f);
+  // is neither flat nor one-hot; at another scale q and k smaller by sqrt(32^-0.5 / scale).
+  float amp = 1.5f * sqrtf(attention_head_dim_scale(s->C / s->heads) / g.scale);
+  in->qkv = test_random_act(rng, dt, g.qkv, -amp, amp);
   in->table = test_alloc_floats((int64_t)g.rows * s->heads);
   test_fill_uniform(rng, in->table, (int64_t)g.rows * s->heads, -1.0f, 1.0f);
   in->dtable0 = test_alloc_floats((int64_t)g.rows * s->heads);
@@ -143,7 +155,7 @@ static void forward_on(Backend *be, const AttnShape *s, const AttnIn *in, bool w
   void *out = be_poisoned_act(be, g.out);
   float *saved = be_poisoned_f32(be, o->saved_floats);
   be->ops->attention_forward(be, out, saved, qkv, table, index, mask, g.BW, g.nW, g.N, s->C,
-                             s->heads);
+                             s->heads, g.scale);
   be_read_act(be, o->out, out, g.out);
   be_read_f32(be, o->saved, saved, o->saved_floats);
   void *bufs[] = {qkv, table, index, mask, out, saved};
@@ -163,7 +175,7 @@ static void backward_on(Backend *be, const AttnShape *s, const AttnIn *in, AttnO
   float *dqkv_bias = be_copy_f32(be, in->dqkv_bias0, 3 * s->C);
   void *dqkv = be_poisoned_act(be, g.qkv);
   be->ops->attention_backward(be, dqkv, dqkv_bias, dtable, dout, qkv, out, table, index, mask,
-                              saved, g.BW, g.nW, g.N, s->C, s->heads);
+                              saved, g.BW, g.nW, g.N, s->C, s->heads, g.scale);
   be_read_act(be, o->dqkv, dqkv, g.qkv);
   be_read_f32(be, o->dqkv_bias, dqkv_bias, 3 * s->C);
   be_read_f32(be, o->dtable, dtable, (int64_t)g.rows * s->heads);
@@ -173,8 +185,8 @@ static void backward_on(Backend *be, const AttnShape *s, const AttnIn *in, AttnO
 
 static void describe(char *ctx, size_t size, const char *op, const char *prec, const AttnShape *s) {
   AttnGeom g = geom_of(s);
-  snprintf(ctx, size, "%s [%s] %s: B=%d map %dx%d window %dx%d shift %d,%d BW=%d", op, prec,
-           s->name, s->B, s->H, s->W, s->wh, s->ww, s->sh, s->sw, g.BW);
+  snprintf(ctx, size, "%s [%s] %s: B=%d map %dx%d window %dx%d shift %d,%d BW=%d scale %g", op,
+           prec, s->name, s->B, s->H, s->W, s->wh, s->ww, s->sh, s->sw, g.BW, g.scale);
 }
 
 static void check_shape(BackendPair *p, const AttnShape *s, TestRng *rng) {

@@ -16,6 +16,7 @@
 
 #ifdef SWIN_HAVE_CUDA
 #include "data/batch_augment.h"
+#include "kernels/attention.h"
 #include "kernels/layernorm.h"
 #include "kernels/patch.h"
 #include "kernels/window.h"
@@ -522,6 +523,7 @@ static void run_merge_layernorm_backward(OpRun *r, const void *arg) {
 typedef struct {
   int B, H, W, window, shift;  // square windows, as the model's (shift 0: no mask)
   int C, heads;
+  float scale;  // of q k^T; 0: attention_head_dim_scale(C / heads), Swin V1's (V2: 1)
 } AttnCase;
 
 // The inputs of both attention ops on the backend, with the geometry the model derives
@@ -530,6 +532,7 @@ typedef struct {
 typedef struct {
   int N, nW, BW, table_rows;  // tokens per window, windows per image, windows, bias-table rows
   int64_t n_qkv, n_out;       // elements of qkv (BW, N, 3C) and out (BW, N, C)
+  float scale;                // of q k^T
   void *qkv;
   float *table, *mask;  // table (table_rows, heads); mask (nW, N, N) or NULL
   int *index;           // (N, N)
@@ -543,8 +546,12 @@ static AttnInputs attention_inputs(OpRun *r, const AttnCase *c) {
   a.table_rows = (2 * c->window - 1) * (2 * c->window - 1);
   a.n_out = (int64_t)a.BW * a.N * c->C;
   a.n_qkv = 3 * a.n_out;
-  // Scores q.k of spread ~1 over the head's channels: the softmax neither flat nor one-hot.
-  a.qkv = dev_act(r, draw_act(r, a.n_qkv, -1.5f, 1.5f), a.n_qkv);
+  // Scores q.k of spread ~1 over the head's channels: the softmax neither flat nor one-hot (q
+  // and k of U(-1.5, 1.5) at V1's scale, smaller by sqrt(v1 / scale) at another).
+  const float v1 = attention_head_dim_scale(c->C / c->heads);
+  a.scale = c->scale > 0 ? c->scale : v1;
+  const float amp = 1.5f * sqrtf(v1 / a.scale);
+  a.qkv = dev_act(r, draw_act(r, a.n_qkv, -amp, amp), a.n_qkv);
   const int64_t nt = (int64_t)a.table_rows * c->heads;
   a.table = dev_f32(r, draw_f32(r, nt, -1.0f, 1.0f), nt);
   int *index = keep_host(r, malloc_check(sizeof(int) * (size_t)a.N * a.N));
@@ -566,7 +573,7 @@ static void *attention_forward_on(OpRun *r, const AttnCase *c, const AttnInputs 
   void *out = dev_poisoned_act(r, a->n_out);
   *saved = dev_poisoned_f32(r, be->ops->attention_saved_floats(be, a->BW, a->N, c->C, c->heads));
   be->ops->attention_forward(be, out, *saved, a->qkv, a->table, a->index, a->mask, a->BW, a->nW,
-                             a->N, c->C, c->heads);
+                             a->N, c->C, c->heads, a->scale);
   return out;
 }
 
@@ -592,7 +599,7 @@ static void run_attention_backward(OpRun *r, const void *arg) {
   float *dqkv_bias = dev_f32(r, dqkv_bias0, 3 * c->C);  // (3C), +=
   void *dqkv = dev_poisoned_act(r, a.n_qkv);            // (BW, N, 3C, act)
   r->be->ops->attention_backward(r->be, dqkv, dqkv_bias, dtable, dout, a.qkv, out, a.table, a.index,
-                                 a.mask, saved, a.BW, a.nW, a.N, c->C, c->heads);
+                                 a.mask, saved, a.BW, a.nW, a.N, c->C, c->heads, a.scale);
   result_act(r, "dqkv", dqkv, a.n_qkv);
   result_increment(r, "dtable", dtable, dtable0, nt);
   result_increment(r, "dqkv_bias", dqkv_bias, dqkv_bias0, 3 * c->C);
@@ -1057,22 +1064,33 @@ static const OpRow rows[] = {
     {"attention_forward",
      "4x4 windows shifted (mask), 8x8 map, B=2, C=64, 2 heads",
      run_attention_forward,
-     &(const AttnCase){2, 8, 8, 4, 2, 64, 2},
+     &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 0},
      {{"out", ROUNDED_TWICE}}},
     {"attention_forward",
      "4x4 windows unshifted",
      run_attention_forward,
-     &(const AttnCase){2, 8, 8, 4, 0, 64, 2},
+     &(const AttnCase){2, 8, 8, 4, 0, 64, 2, 0},
      {{"out", ROUNDED_TWICE}}},
     {"attention_backward",
      "4x4 windows shifted (mask), qkv bias",
      run_attention_backward,
-     &(const AttnCase){2, 8, 8, 4, 2, 64, 2},
+     &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 0},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
     {"attention_backward",
      "4x4 windows unshifted, qkv bias",
      run_attention_backward,
-     &(const AttnCase){2, 8, 8, 4, 0, 64, 2},
+     &(const AttnCase){2, 8, 8, 4, 0, 64, 2, 0},
+     {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
+    // Swin V2's scale 1 (q normalized and scaled by the logit scale before the op).
+    {"attention_forward",
+     "V2 scale 1: 4x4 windows shifted (mask), C=64, 2 heads",
+     run_attention_forward,
+     &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
+     {{"out", ROUNDED_TWICE}}},
+    {"attention_backward",
+     "V2 scale 1: 4x4 windows shifted (mask), qkv bias",
+     run_attention_backward,
+     &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
     // The pool sums in double on both, the linear is fp32 with fp32 weights in every precision;
     // dtokens (d(pooled) / L) rounded once.

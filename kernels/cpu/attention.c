@@ -4,10 +4,11 @@
 // One (window, head) pair is one unit of work: its q, k, v slices are gathered into contiguous
 // per-thread scratch so that every inner loop is a unit-stride axpy the compiler vectorizes
 // (dot products are written as rows of axpys over a transposed operand). The operation order
-// follows timm: q is scaled first, S = q k^T + bias + mask, softmax in fp32 with the row max
-// subtracted. The bias-table gradient is a sum over all windows: pairs are cut into a fixed
-// number of chunks (independent of the thread count), each chunk sums into its own double
-// buffer, and the buffers are added in chunk order, so dtable is bitwise reproducible.
+// follows timm: q is scaled first (by the caller's fp32 scale), S = q k^T + bias + mask, softmax
+// in fp32 with the row max subtracted. The bias-table gradient is a sum over all windows: pairs
+// are cut into a fixed number of chunks (independent of the thread count), each chunk sums into
+// its own double buffer, and the buffers are added in chunk order, so dtable is bitwise
+// reproducible.
 #include "kernels/attention.h"
 
 #include <math.h>
@@ -38,10 +39,8 @@ static void gather_head(float *q, float *k, float *kT, float *v, float *vT, cons
 
 void window_attention_forward_cpu(float *out, float *att, const float *qkv, const float *table,
                                   const int *index, const float *mask, int BW, int nW, int N, int C,
-                                  int heads) {
+                                  int heads, float scale) {
   int hd = C / heads;
-  // timm multiplies the fp32 q by head_dim ** -0.5 (a float scalar in the kernel).
-  float scale = (float)(1.0 / sqrt((double)hd));
 #pragma omp parallel
   {
     float *q = malloc_check((size_t)3 * N * hd * sizeof(float));
@@ -95,9 +94,8 @@ void window_attention_forward_cpu(float *out, float *att, const float *qkv, cons
 
 void window_attention_backward_cpu(float *dqkv, float *dtable, const float *dout, const float *qkv,
                                    const float *att, const int *index, int BW, int N, int C,
-                                   int heads) {
+                                   int heads, float scale) {
   int hd = C / heads;
-  float scale = (float)(1.0 / sqrt((double)hd));
   int64_t pairs = (int64_t)BW * heads;
   if (pairs == 0) return;
   // The table has (2wh-1)(2ww-1) rows; wh and ww are not passed, but the largest index is the

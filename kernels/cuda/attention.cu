@@ -48,7 +48,8 @@ int64_t window_attention_saved_floats(DType dt, int BW, int N, int C, int heads)
 
 void window_attention_forward_cuda(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
-                                   int nW, int N, int C, int heads, cudaStream_t stream) {
+                                   int nW, int N, int C, int heads, float scale,
+                                   cudaStream_t stream) {
   check_limits("window_attention_forward_cuda", BW, N, C, heads);
   if (mask && nW < 1) {
     fprintf(stderr, "window_attention_forward_cuda (%s:%d): mask given with nW=%d\n", __FILE__,
@@ -59,14 +60,15 @@ void window_attention_forward_cuda(DType dt, void *out, float *att, const void *
   int hd = C / heads;
   if (use_flash(N) && flash_tensor_cores(dt, hd))
     window_attention_forward_flash_tc(dt, out, att, att + 2 * (int64_t)BW * heads * N, qkv, table,
-                                      index, mask, BW, nW, N, C, heads, stream);
+                                      index, mask, BW, nW, N, C, heads, scale, stream);
   else if (use_flash(N))
     window_attention_forward_flash_simt(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads,
-                                        stream);
+                                        scale, stream);
   else if (use_tensor_cores(dt, N, hd))
-    window_attention_forward_tc(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads, stream);
+    window_attention_forward_tc(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads, scale,
+                                stream);
   else
-    window_attention_forward_simt(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads,
+    window_attention_forward_simt(dt, out, att, qkv, table, index, mask, BW, nW, N, C, heads, scale,
                                   stream);
 }
 
@@ -100,7 +102,7 @@ int64_t window_attention_backward_cuda_scratch_bound(int max_N, int max_heads, i
 void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, float *dtable,
                                     const void *dout, const void *qkv, const void *out, float *att,
                                     const float *table, const int *index, const float *mask, int BW,
-                                    int nW, int N, int C, int heads, float *scratch,
+                                    int nW, int N, int C, int heads, float scale, float *scratch,
                                     cudaStream_t stream) {
   check_limits("window_attention_backward_cuda", BW, N, C, heads);
   if (BW == 0) return;
@@ -112,10 +114,10 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
     int groups = flash_tensor_cores(dt, hd)
                      ? window_attention_backward_flash_tc(dt, dqkv, dout, qkv, out, att, delta,
                                                           delta + (int64_t)BW * heads * N, mask, BW,
-                                                          nW, N, C, heads, scratch, stream)
+                                                          nW, N, C, heads, scale, scratch, stream)
                      : window_attention_backward_flash_simt(dt, dqkv, dout, qkv, out, att, delta,
                                                             table, index, mask, BW, nW, N, C, heads,
-                                                            scratch, stream);
+                                                            scale, scratch, stream);
     window_attention_dtable_backward(dtable, scratch, groups, index, N, heads, stream);
     if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);
     return;
@@ -127,9 +129,9 @@ void window_attention_backward_cuda(DType dt, void *dqkv, float *dqkv_bias, floa
   int64_t rows = BW;
   if (tc)
     rows = window_attention_backward_tc(dt, dqkv, dqkv_bias, dout, qkv, att, table, index, mask, BW,
-                                        nW, N, C, heads, scratch, stream);
+                                        nW, N, C, heads, scale, scratch, stream);
   else
-    window_attention_backward_simt(dt, dqkv, dqkv_bias, dout, qkv, att, BW, N, C, heads, scratch,
-                                   stream);
+    window_attention_backward_simt(dt, dqkv, dqkv_bias, dout, qkv, att, BW, N, C, heads, scale,
+                                   scratch, stream);
   window_attention_dtable_backward(dtable, ds, rows, index, N, heads, stream);
 }

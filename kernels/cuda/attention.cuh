@@ -23,11 +23,6 @@ void allow_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// The scale the CPU uses: timm's head_dim ** -0.5 as an fp32 scalar.
-inline float attention_scale(int hd) {
-  return (float)(1.0 / sqrt((double)hd));
-}
-
 // Scores carry a factor log2(e) on the tensor-core and flash paths, so the softmax is exp2.
 constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -69,11 +64,12 @@ __device__ __forceinline__ void dkdv_products(float (&dk)[HD / 8][4], float (&dv
 // floats).
 void window_attention_forward_simt(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
-                                   int nW, int N, int C, int heads, cudaStream_t stream);
+                                   int nW, int N, int C, int heads, float scale,
+                                   cudaStream_t stream);
 int64_t window_attention_backward_simt_scratch(int BW, int N, int C);
 void window_attention_backward_simt(DType dt, void *dqkv, float *dqkv_bias, const void *dout,
                                     const void *qkv, float *att, int BW, int N, int C, int heads,
-                                    float *scratch, cudaStream_t stream);
+                                    float scale, float *scratch, cudaStream_t stream);
 
 // ---- tensor-core kernels (attention_tc.cu): bf16 / f16, one wave of blocks ------------------
 // Whether they serve these shapes (else the SIMT kernels do).
@@ -81,7 +77,7 @@ bool use_tensor_cores(DType dt, int N, int hd);
 // The forward saves each query row's base-2 log-sum-exp in lse (BW, heads, N).
 void window_attention_forward_tc(DType dt, void *out, float *lse, const void *qkv,
                                  const float *table, const int *index, const float *mask, int BW,
-                                 int nW, int N, int C, int heads, cudaStream_t stream);
+                                 int nW, int N, int C, int heads, float scale, cudaStream_t stream);
 int64_t window_attention_backward_tc_scratch(int BW, int N, int C, int heads);
 // Leaves each block's window sums of dS at the start of scratch and returns their rows (the
 // window groups) for window_attention_dtable_backward; with dqkv_bias given, adds the qkv bias
@@ -89,7 +85,7 @@ int64_t window_attention_backward_tc_scratch(int BW, int N, int C, int heads);
 int window_attention_backward_tc(DType dt, void *dqkv, float *dqkv_bias, const void *dout,
                                  const void *qkv, const float *lse, const float *table,
                                  const int *index, const float *mask, int BW, int nW, int N, int C,
-                                 int heads, float *scratch, cudaStream_t stream);
+                                 int heads, float scale, float *scratch, cudaStream_t stream);
 
 // ---- flash kernels (attention_flash_tc.cu, attention_flash_simt.cu): windows of more than 64
 // tokens, keys in tiles, no N x N matrix in global memory ----------------------------------------
@@ -136,10 +132,10 @@ inline int64_t flash_tc_saved_floats(int BW, int N, int heads) {
 void window_attention_forward_flash_tc(DType dt, void *out, float *lse, float *bias,
                                        const void *qkv, const float *table, const int *index,
                                        const float *mask, int BW, int nW, int N, int C, int heads,
-                                       cudaStream_t stream);
+                                       float scale, cudaStream_t stream);
 void window_attention_forward_flash_simt(DType dt, void *out, float *lse, const void *qkv,
                                          const float *table, const int *index, const float *mask,
-                                         int BW, int nW, int N, int C, int heads,
+                                         int BW, int nW, int N, int C, int heads, float scale,
                                          cudaStream_t stream);
 // The groups the backward will use (ds_partial holds groups * heads * N * N floats).
 int window_attention_backward_flash_tc_groups(int BW, int N, int C, int heads);
@@ -147,12 +143,13 @@ int window_attention_backward_flash_simt_groups(int BW, int N, int C, int heads)
 int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, const void *qkv,
                                        const void *out, const float *lse, float *delta,
                                        const float *bias, const float *mask, int BW, int nW, int N,
-                                       int C, int heads, float *ds_partial, cudaStream_t stream);
+                                       int C, int heads, float scale, float *ds_partial,
+                                       cudaStream_t stream);
 int window_attention_backward_flash_simt(DType dt, void *dqkv, const void *dout, const void *qkv,
                                          const void *out, const float *lse, float *delta,
                                          const float *table, const int *index, const float *mask,
-                                         int BW, int nW, int N, int C, int heads, float *ds_partial,
-                                         cudaStream_t stream);
+                                         int BW, int nW, int N, int C, int heads, float scale,
+                                         float *ds_partial, cudaStream_t stream);
 
 // ---- dtable (attention_dtable.cu) ------------------------------------------------------------
 // dtable (table rows, heads) += the sums of ds (rows, heads, N, N) over its rows, per (table

@@ -425,24 +425,23 @@ int dkdv_groups(int BW, int N, int hd, int heads) {
 
 template <typename T, int HDP>
 void forward_flash(T *out, float *lse, const T *qkv, const float *table, const int *index,
-                   const float *mask, int BW, int nW, int N, int C, int heads,
+                   const float *mask, int BW, int nW, int N, int C, int heads, float scale,
                    cudaStream_t stream) {
   auto kernel = window_attention_forward_flash_kernel<T, HDP>;
   constexpr size_t smem = row_smem_bytes(HDP);
   allow_smem(kernel, smem);
   unsigned grid = query_tile_grid("window_attention_forward_flash_simt", BW, N, heads);
   kernel<<<grid, kRows * split(HDP), smem, stream>>>(out, lse, qkv, table, index, mask, nW, N, C,
-                                                     heads, query_tiles(N),
-                                                     attention_scale(C / heads) * kLog2e);
+                                                     heads, query_tiles(N), scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int HDP>
 void backward_flash(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse,
                     float *delta, const float *table, const int *index, const float *mask, int BW,
-                    int nW, int N, int C, int heads, float *ds_partial, int groups,
+                    int nW, int N, int C, int heads, float scale, float *ds_partial, int groups,
                     cudaStream_t stream) {
-  const float scale = attention_scale(C / heads), qk_scale = scale * kLog2e;
+  const float qk_scale = scale * kLog2e;
   auto dq_kernel = window_attention_backward_flash_dq_kernel<T, HDP>;
   constexpr size_t dq_smem = row_smem_bytes(HDP);
   allow_smem(dq_kernel, dq_smem);
@@ -467,13 +466,13 @@ void backward_flash(T *dqkv, const T *dout, const T *qkv, const T *out, const fl
 
 void window_attention_forward_flash_simt(DType dt, void *out, float *lse, const void *qkv,
                                          const float *table, const int *index, const float *mask,
-                                         int BW, int nW, int N, int C, int heads,
+                                         int BW, int nW, int N, int C, int heads, float scale,
                                          cudaStream_t stream) {
   if (BW == 0) return;
   SWIN_DISPATCH(dt, T, {
     auto launch = head_dim_padded(C / heads) == 32 ? forward_flash<T, 32> : forward_flash<T, 64>;
     launch(static_cast<T *>(out), lse, static_cast<const T *>(qkv), table, index, mask, BW, nW, N,
-           C, heads, stream);
+           C, heads, scale, stream);
   });
 }
 
@@ -484,14 +483,14 @@ int window_attention_backward_flash_simt_groups(int BW, int N, int C, int heads)
 int window_attention_backward_flash_simt(DType dt, void *dqkv, const void *dout, const void *qkv,
                                          const void *out, const float *lse, float *delta,
                                          const float *table, const int *index, const float *mask,
-                                         int BW, int nW, int N, int C, int heads, float *ds_partial,
-                                         cudaStream_t stream) {
+                                         int BW, int nW, int N, int C, int heads, float scale,
+                                         float *ds_partial, cudaStream_t stream) {
   if (BW == 0) return 0;
   int groups = dkdv_groups(BW, N, C / heads, heads);
   SWIN_DISPATCH(dt, T, {
     auto launch = head_dim_padded(C / heads) == 32 ? backward_flash<T, 32> : backward_flash<T, 64>;
     launch(static_cast<T *>(dqkv), static_cast<const T *>(dout), static_cast<const T *>(qkv),
-           static_cast<const T *>(out), lse, delta, table, index, mask, BW, nW, N, C, heads,
+           static_cast<const T *>(out), lse, delta, table, index, mask, BW, nW, N, C, heads, scale,
            ds_partial, groups, stream);
   });
   return groups;

@@ -593,7 +593,7 @@ int flash_tc_tile(int N) {
 void window_attention_forward_flash_tc(DType dt, void *out, float *lse, float *bias,
                                        const void *qkv, const float *table, const int *index,
                                        const float *mask, int BW, int nW, int N, int C, int heads,
-                                       cudaStream_t stream) {
+                                       float scale, cudaStream_t stream) {
   const int hd = C / heads, tile = flash_tc_tile(N), tiles = (N + tile - 1) / tile;
   fl_check_alignment("window_attention_forward_cuda", out, qkv, nullptr);
   const unsigned grid = fl_query_grid("window_attention_forward_cuda", BW, tiles, heads);
@@ -610,7 +610,7 @@ void window_attention_forward_flash_tc(DType dt, void *out, float *lse, float *b
         allow_smem(kernel, smem);
         kernel<<<grid, Fl<kTileN>::kThreads, smem, stream>>>(
             static_cast<T *>(out), lse, static_cast<const T *>(qkv), bias, mask, mask ? nW : 1, N,
-            C, heads, tiles, attention_scale(hd));
+            C, heads, tiles, scale);
       });
     }
   });
@@ -625,7 +625,8 @@ int window_attention_backward_flash_tc_groups(int BW, int N, int C, int heads) {
 int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, const void *qkv,
                                        const void *out, const float *lse, float *delta,
                                        const float *bias, const float *mask, int BW, int nW, int N,
-                                       int C, int heads, float *ds_partial, cudaStream_t stream) {
+                                       int C, int heads, float scale, float *ds_partial,
+                                       cudaStream_t stream) {
   const int hd = C / heads, tile = flash_tc_tile(N), tiles = (N + tile - 1) / tile;
   fl_check_alignment("window_attention_backward_cuda", dqkv, dout, qkv);
   fl_check_alignment("window_attention_backward_cuda", out, out, nullptr);
@@ -643,14 +644,14 @@ int window_attention_backward_flash_tc(DType dt, void *dqkv, const void *dout, c
         dq_kernel<<<grid, kThreads, dq_smem, stream>>>(
             static_cast<T *>(dqkv), delta, static_cast<const T *>(dout),
             static_cast<const T *>(qkv), static_cast<const T *>(out), lse, bias, mask, mask_nW, N,
-            C, heads, tiles, attention_scale(hd));
+            C, heads, tiles, scale);
         CUDA_CHECK_LAUNCH();
         auto dkv_kernel = flash_dkv_kernel<T, kHd, kTileN>;
         allow_smem(dkv_kernel, dkv_smem);
         dkv_kernel<<<(unsigned)(groups * heads * tiles), kThreads, dkv_smem, stream>>>(
             static_cast<T *>(dqkv), ds_partial, static_cast<const T *>(dout),
             static_cast<const T *>(qkv), lse, delta, bias + (int64_t)heads * N * N, mask, BW,
-            mask_nW, N, C, heads, tiles, groups, attention_scale(hd));
+            mask_nW, N, C, heads, tiles, groups, scale);
       });
     }
   });

@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(kThreads)
 
 void window_attention_forward_simt(DType dt, void *out, float *att, const void *qkv,
                                    const float *table, const int *index, const float *mask, int BW,
-                                   int nW, int N, int C, int heads, cudaStream_t stream) {
+                                   int nW, int N, int C, int heads, float scale,
+                                   cudaStream_t stream) {
   int hd = C / heads;
   size_t smem = forward_smem_bytes(N, hd);
   SWIN_DISPATCH(dt, T, {
@@ -208,7 +209,7 @@ void window_attention_forward_simt(DType dt, void *out, float *att, const void *
     allow_smem(kernel, smem);
     kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
         static_cast<T *>(out), att, static_cast<const T *>(qkv), table, index, mask, nW, N, C,
-        heads, attention_scale(hd));
+        heads, scale);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -220,7 +221,7 @@ int64_t window_attention_backward_simt_scratch(int BW, int N, int C) {
 // att holds P and is overwritten with dS (ds_out = att: see the kernel).
 void window_attention_backward_simt(DType dt, void *dqkv, float *dqkv_bias, const void *dout,
                                     const void *qkv, float *att, int BW, int N, int C, int heads,
-                                    float *scratch, cudaStream_t stream) {
+                                    float scale, float *scratch, cudaStream_t stream) {
   int hd = C / heads;
   size_t smem = backward_smem_bytes(N, hd);
   SWIN_DISPATCH(dt, T, {
@@ -228,7 +229,7 @@ void window_attention_backward_simt(DType dt, void *dqkv, float *dqkv_bias, cons
     allow_smem(kernel, smem);
     kernel<<<(unsigned)((int64_t)BW * heads), kThreads, smem, stream>>>(
         static_cast<T *>(dqkv), att, static_cast<const T *>(dout), static_cast<const T *>(qkv), att,
-        N, C, heads, attention_scale(hd));
+        N, C, heads, scale);
   });
   CUDA_CHECK_LAUNCH();
   if (dqkv_bias) column_sums_cuda(dt, dqkv_bias, dqkv, (int64_t)BW * N, 3 * C, scratch, stream);

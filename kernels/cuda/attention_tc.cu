@@ -614,7 +614,8 @@ bool use_tensor_cores(DType dt, int N, int hd) {
 
 void window_attention_forward_tc(DType dt, void *out, float *lse, const void *qkv,
                                  const float *table, const int *index, const float *mask, int BW,
-                                 int nW, int N, int C, int heads, cudaStream_t stream) {
+                                 int nW, int N, int C, int heads, float scale,
+                                 cudaStream_t stream) {
   int hd = C / heads;
   check_tc_alignment("window_attention_forward_cuda", qkv, out);
   size_t smem = tc_forward_smem(hd, key_tiles(N));
@@ -627,7 +628,7 @@ void window_attention_forward_tc(DType dt, void *out, float *lse, const void *qk
         allow_smem(kernel, smem);
         kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
             static_cast<T *>(out), lse, static_cast<const T *>(qkv), table, index, mask, BW, nW, N,
-            C, heads, groups, attention_scale(hd));
+            C, heads, groups, scale);
       });
     }
   });
@@ -643,7 +644,7 @@ int64_t window_attention_backward_tc_scratch(int BW, int N, int C, int heads) {
 int window_attention_backward_tc(DType dt, void *dqkv, float *dqkv_bias, const void *dout,
                                  const void *qkv, const float *lse, const float *table,
                                  const int *index, const float *mask, int BW, int nW, int N, int C,
-                                 int heads, float *scratch, cudaStream_t stream) {
+                                 int heads, float scale, float *scratch, cudaStream_t stream) {
   int hd = C / heads;
   check_tc_alignment("window_attention_backward_cuda", qkv, dout);
   check_tc_alignment("window_attention_backward_cuda", dqkv, nullptr);
@@ -659,7 +660,7 @@ int window_attention_backward_tc(DType dt, void *dqkv, float *dqkv_bias, const v
         kernel<<<(unsigned)(groups * heads), kTcThreads, smem, stream>>>(
             static_cast<T *>(dqkv), scratch, bias_partial, static_cast<const T *>(dout),
             static_cast<const T *>(qkv), lse, table, index, mask, BW, nW, N, C, heads, groups,
-            attention_scale(hd));
+            scale);
       });
     }
   });

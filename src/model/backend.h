@@ -223,16 +223,17 @@ typedef struct {
                                    int C);
   // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
   // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
-  // may overwrite it. The backward's dqkv_bias (3C, f32, or NULL) += the column sums of dqkv
-  // (BW * N rows) as stored: the qkv layer's bias gradient.
+  // may overwrite it. scale multiplies q k^T: attention_head_dim_scale(head_dim) for Swin V1, 1
+  // for V2. The backward's dqkv_bias (3C, f32, or NULL) += the column sums of dqkv (BW * N rows)
+  // as stored: the qkv layer's bias gradient.
   int64_t (*attention_saved_floats)(Backend *be, int BW, int N, int C, int heads);
   void (*attention_forward)(Backend *be, void *out, float *saved, const void *qkv,
                             const float *table, const int *index, const float *mask, int BW, int nW,
-                            int N, int C, int heads);
+                            int N, int C, int heads, float scale);
   void (*attention_backward)(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
                              const void *dout, const void *qkv, const void *out, const float *table,
                              const int *index, const float *mask, float *saved, int BW, int nW,
-                             int N, int C, int heads);
+                             int N, int C, int heads, float scale);
   // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =
   // pooled weight^T + bias, in f32 with the f32 weights. The backward writes dtokens (B, L, C,
   // act) and accumulates dweight, dbias.

@@ -403,7 +403,7 @@ static int64_t table_floats_at_least(int N, int heads) {
 
 static void check_attention_forward(Backend *be, void *out, float *saved, const void *qkv,
                                     const float *table, const int *index, const float *mask, int BW,
-                                    int nW, int N, int C, int heads) {
+                                    int nW, int N, int C, int heads, float scale) {
   Call c = call_begin(be, CHECK_OP_attention_forward);
   CHECK(out, be->act, (int64_t)BW * N * C);
   CHECK(saved, DTYPE_F32, INNER->attention_saved_floats(be, BW, N, C, heads));
@@ -411,13 +411,14 @@ static void check_attention_forward(Backend *be, void *out, float *saved, const 
   CHECK(table, DTYPE_F32, table_floats_at_least(N, heads));
   CHECK(index, DTYPE_I32, (int64_t)N * N);
   CHECK(mask, DTYPE_F32, (int64_t)nW * N * N);
-  INNER->attention_forward(be, out, saved, qkv, table, index, mask, BW, nW, N, C, heads);
+  INNER->attention_forward(be, out, saved, qkv, table, index, mask, BW, nW, N, C, heads, scale);
 }
 
 static void check_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
                                      const void *dout, const void *qkv, const void *out,
                                      const float *table, const int *index, const float *mask,
-                                     float *saved, int BW, int nW, int N, int C, int heads) {
+                                     float *saved, int BW, int nW, int N, int C, int heads,
+                                     float scale) {
   Call c = call_begin(be, CHECK_OP_attention_backward);
   CHECK(dqkv, be->act, (int64_t)BW * N * 3 * C);
   CHECK(dqkv_bias, DTYPE_F32, 3 * C);
@@ -430,7 +431,7 @@ static void check_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, 
   CHECK(mask, DTYPE_F32, (int64_t)nW * N * N);
   CHECK(saved, DTYPE_F32, INNER->attention_saved_floats(be, BW, N, C, heads));
   INNER->attention_backward(be, dqkv, dqkv_bias, dtable, dout, qkv, out, table, index, mask, saved,
-                            BW, nW, N, C, heads);
+                            BW, nW, N, C, heads, scale);
 }
 
 static void check_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

@@ -254,21 +254,22 @@ static int64_t cpu_attention_saved_floats(Backend *be, int BW, int N, int C, int
 
 static void cpu_attention_forward(Backend *be, void *out, float *saved, const void *qkv,
                                   const float *table, const int *index, const float *mask, int BW,
-                                  int nW, int N, int C, int heads) {
+                                  int nW, int N, int C, int heads, float scale) {
   (void)be;
-  window_attention_forward_cpu(out, saved, qkv, table, index, mask, BW, nW, N, C, heads);
+  window_attention_forward_cpu(out, saved, qkv, table, index, mask, BW, nW, N, C, heads, scale);
 }
 
 static void cpu_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
                                    const void *dout, const void *qkv, const void *out,
                                    const float *table, const int *index, const float *mask,
-                                   float *saved, int BW, int nW, int N, int C, int heads) {
+                                   float *saved, int BW, int nW, int N, int C, int heads,
+                                   float scale) {
   (void)be;
   (void)out;
   (void)table;
   (void)mask;
   (void)nW;
-  window_attention_backward_cpu(dqkv, dtable, dout, qkv, saved, index, BW, N, C, heads);
+  window_attention_backward_cpu(dqkv, dtable, dout, qkv, saved, index, BW, N, C, heads, scale);
   if (dqkv_bias) column_sums_cpu(dqkv_bias, dqkv, (int64_t)BW * N, 3 * C);
 }
 

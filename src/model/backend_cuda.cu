@@ -566,10 +566,10 @@ int64_t cuda_attention_saved_floats(Backend *be, int BW, int N, int C, int heads
 
 void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qkv,
                             const float *table, const int *index, const float *mask, int BW, int nW,
-                            int N, int C, int heads) {
+                            int N, int C, int heads, float scale) {
   OpScope scope(be, OP_ATTENTION);
   window_attention_forward_cuda(be->act, out, saved, qkv, table, index, mask, BW, nW, N, C, heads,
-                                state_of(be)->compute);
+                                scale, state_of(be)->compute);
 }
 
 // The qkv bias gradient comes out of the attention backward (the tensor-core kernel sums dq,
@@ -577,12 +577,13 @@ void cuda_attention_forward(Backend *be, void *out, float *saved, const void *qk
 void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *dtable,
                              const void *dout, const void *qkv, const void *out, const float *table,
                              const int *index, const float *mask, float *saved, int BW, int nW,
-                             int N, int C, int heads) {
+                             int N, int C, int heads, float scale) {
   OpScope scope(be, OP_ATTENTION);
   int64_t need = window_attention_backward_cuda_scratch(be->act, BW, N, C, heads);
   float *scratch = scratch_of(be, need);
   window_attention_backward_cuda(be->act, dqkv, dqkv_bias, dtable, dout, qkv, out, saved, table,
-                                 index, mask, BW, nW, N, C, heads, scratch, state_of(be)->compute);
+                                 index, mask, BW, nW, N, C, heads, scale, scratch,
+                                 state_of(be)->compute);
 }
 
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention.h"
 #include "kernels/window.h"
 #include "src/base/nvtx.h"
 #include "src/base/rng.h"
@@ -659,7 +660,7 @@ static void block_forward_to_hidden(Model *m, const StageGeom *g, int j, int B) 
   ops->linear_forward(be, a->qkv, x->xw, model_compute_weight(m, w->qkv_w),
                       model_compute_weight(m, w->qkv_b), BL, C, 3 * C, ACTIVATION_NONE, NULL);
   ops->attention_forward(be, a->attn_out, a->att, a->qkv, w->rel_table, g->index_be, mask, BW,
-                         g->nW, g->N, C, g->heads);
+                         g->nW, g->N, C, g->heads, attention_head_dim_scale(g->head_dim));
   ops->linear_forward(be, x->branch, a->attn_out, model_compute_weight(m, w->proj_w),
                       model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
   ops->residual_layernorm_forward(be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
@@ -827,7 +828,8 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebu
   ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
                        model_compute_weight(m, w->proj_w), BL, C, C);
   ops->attention_backward(be, x->dqkv, gw->qkv_b, gw->rel_table, x->dattn, a->qkv, a->attn_out,
-                          w->rel_table, g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads);
+                          w->rel_table, g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads,
+                          attention_head_dim_scale(g->head_dim));
   if (!rebuilt)
     ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
                                     NULL, w->norm1_w, w->norm1_b, &wm, B, L, C);
