@@ -80,8 +80,9 @@ void cosine_qk_backward_cuda(DType dt, void *dqkv, float *dq_bias, float *dv_bia
                              const float *logit_scale, int64_t rows, int C, int heads,
                              float *scratch, cudaStream_t s);
 
-// T <= 2209 (window 24), heads <= 48: one thread per output element, or a block per hidden
-// unit whose threads take fixed rows, then a fixed-order tree: no scratch.
+// The MLP is tiny (T = 2209 rows at window 24): plain kernels in double, a thread per output
+// element or a block per hidden unit whose threads take fixed rows and add up in a fixed tree;
+// no scratch.
 void cpb_forward_cuda(float *table, float *hidden, const float *coords, const float *w1,
                       const float *b1, const float *w2, int T, int heads, cudaStream_t s);
 void cpb_backward_cuda(float *dw1, float *db1, float *dw2, const float *dtable, const float *table,

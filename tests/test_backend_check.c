@@ -11,7 +11,7 @@
 //      average (swapped in and back): every pointer of an op that takes only model and optimizer
 //      memory lies in a registered region (the registration is complete), the batch's pointers are
 //      exactly the unchecked ones, and the checked table computes the same bits as the backend's
-//      own.
+//      own. Swin V2's attention ops are not called by this V1 model (checked: zero calls).
 //   3. What the model and the optimizer register, they unregister when destroyed.
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -260,6 +260,15 @@ static BatchPointers batch_pointers(const char *op) {
   return (BatchPointers){0, false};
 }
 
+// The ops of Swin V2's attention, which this (V1) model never calls.
+static bool v2_only(const char *op) {
+  static const char *const ops[] = {"cosine_qk_forward", "cosine_qk_backward", "cpb_forward",
+                                    "cpb_backward"};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    if (strcmp(ops[i], op) == 0) return true;
+  return false;
+}
+
 static void test_training_checked(Backend *be, const Config *c) {
   Error err;
   Run a, b;
@@ -276,17 +285,21 @@ static void test_training_checked(Backend *be, const Config *c) {
     backend_check_counts(be, op, &n);
     BatchPointers batch = batch_pointers(op);
     int64_t want_unchecked = batch.per_call * n.calls;
-    bool ok = n.calls > 0 && (n.checked > 0) != batch.only && n.unchecked == want_unchecked;
+    bool ok = v2_only(op)
+                  ? n.calls == 0
+                  : n.calls > 0 && (n.checked > 0) != batch.only && n.unchecked == want_unchecked;
     complete += ok;
     test_check(ok, "%-28s %3lld calls, %4lld pointers checked, %3lld unchecked (want %lld%s)", op,
                (long long)n.calls, (long long)n.checked, (long long)n.unchecked,
                (long long)want_unchecked,
-               batch.only       ? ": the batch's, all it takes"
+               v2_only(op)      ? ": a Swin V2 op, not called by this V1 model"
+               : batch.only     ? ": the batch's, all it takes"
                : want_unchecked ? ": the batch's"
                                 : "");
   }
   test_check(complete == backend_check_op_count(),
-             "every checked op ran, and only the batch's pointers went unchecked (%d of %d ops)",
+             "every checked op ran (but V2's), and only the batch's pointers went unchecked (%d of "
+             "%d ops)",
              complete, backend_check_op_count());
   BackendCheckCounts none;
   test_check(backend_check_counts(be, "no_such_op", &none) == -1, "an unknown op name is refused");

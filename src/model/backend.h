@@ -234,6 +234,24 @@ typedef struct {
                              const void *dout, const void *qkv, const void *out, const float *table,
                              const int *index, const float *mask, float *saved, int BW, int nW,
                              int N, int C, int heads, float scale);
+  // Swin V2's attention pieces (kernels/cosine_attention.h): scaled-cosine q and k in place on
+  // qkv (rows, 3C, act), norms (rows, 2, heads) saved, q_bias, v_bias (C, or both NULL) and
+  // logit_scale (heads); the backward in place on dqkv (rows, 3C, act), from qkv as the forward
+  // left it, dq_bias, dv_bias (C, or NULL) and dlogit_scale (heads) accumulated. The continuous
+  // position bias: table (T, heads) and hidden (T, CPB_HIDDEN) from coords (T, 2), w1
+  // (CPB_HIDDEN, 2), b1 (CPB_HIDDEN), w2 (heads, CPB_HIDDEN); the backward from dtable (T, heads)
+  // accumulates dw1, db1, dw2. All f32 but qkv and dqkv.
+  void (*cosine_qk_forward)(Backend *be, void *qkv, float *norms, const float *q_bias,
+                            const float *v_bias, const float *logit_scale, int64_t rows, int C,
+                            int heads);
+  void (*cosine_qk_backward)(Backend *be, void *dqkv, float *dq_bias, float *dv_bias,
+                             float *dlogit_scale, const void *qkv, const float *norms,
+                             const float *logit_scale, int64_t rows, int C, int heads);
+  void (*cpb_forward)(Backend *be, float *table, float *hidden, const float *coords,
+                      const float *w1, const float *b1, const float *w2, int T, int heads);
+  void (*cpb_backward)(Backend *be, float *dw1, float *db1, float *dw2, const float *dtable,
+                       const float *table, const float *hidden, const float *coords,
+                       const float *w2, int T, int heads);
   // Head: pooled (B, C, f32) = mean over L tokens of tokens (B, L, C, act); logits (B, K, f32) =
   // pooled weight^T + bias, in f32 with the f32 weights. The backward writes dtokens (B, L, C,
   // act) and accumulates dweight, dbias.

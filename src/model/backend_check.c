@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cosine_attention.h"
+
 // Every op the layer wraps, by its BackendOps field: the enum, the names and the table's
 // entries all come from this one list.
 #define CHECKED_OPS(X)           \
@@ -25,6 +27,10 @@
   X(merge_layernorm_backward)    \
   X(attention_forward)           \
   X(attention_backward)          \
+  X(cosine_qk_forward)           \
+  X(cosine_qk_backward)          \
+  X(cpb_forward)                 \
+  X(cpb_backward)                \
   X(head_forward)                \
   X(head_backward)               \
   X(train_loss)                  \
@@ -432,6 +438,61 @@ static void check_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, 
   CHECK(saved, DTYPE_F32, INNER->attention_saved_floats(be, BW, N, C, heads));
   INNER->attention_backward(be, dqkv, dqkv_bias, dtable, dout, qkv, out, table, index, mask, saved,
                             BW, nW, N, C, heads, scale);
+}
+
+// Without q_bias, v_bias is not read either (both or neither).
+static void check_cosine_qk_forward(Backend *be, void *qkv, float *norms, const float *q_bias,
+                                    const float *v_bias, const float *logit_scale, int64_t rows,
+                                    int C, int heads) {
+  Call c = call_begin(be, CHECK_OP_cosine_qk_forward);
+  CHECK(qkv, be->act, rows * 3 * C);
+  CHECK(norms, DTYPE_F32, rows * 2 * heads);
+  CHECK(q_bias, DTYPE_F32, C);
+  if (q_bias) CHECK(v_bias, DTYPE_F32, C);
+  CHECK(logit_scale, DTYPE_F32, heads);
+  INNER->cosine_qk_forward(be, qkv, norms, q_bias, v_bias, logit_scale, rows, C, heads);
+}
+
+static void check_cosine_qk_backward(Backend *be, void *dqkv, float *dq_bias, float *dv_bias,
+                                     float *dlogit_scale, const void *qkv, const float *norms,
+                                     const float *logit_scale, int64_t rows, int C, int heads) {
+  Call c = call_begin(be, CHECK_OP_cosine_qk_backward);
+  CHECK(dqkv, be->act, rows * 3 * C);
+  CHECK(dq_bias, DTYPE_F32, C);
+  CHECK(dv_bias, DTYPE_F32, C);
+  CHECK(dlogit_scale, DTYPE_F32, heads);
+  CHECK(qkv, be->act, rows * 3 * C);
+  CHECK(norms, DTYPE_F32, rows * 2 * heads);
+  CHECK(logit_scale, DTYPE_F32, heads);
+  INNER->cosine_qk_backward(be, dqkv, dq_bias, dv_bias, dlogit_scale, qkv, norms, logit_scale, rows,
+                            C, heads);
+}
+
+static void check_cpb_forward(Backend *be, float *table, float *hidden, const float *coords,
+                              const float *w1, const float *b1, const float *w2, int T, int heads) {
+  Call c = call_begin(be, CHECK_OP_cpb_forward);
+  CHECK(table, DTYPE_F32, (int64_t)T * heads);
+  CHECK(hidden, DTYPE_F32, (int64_t)T * CPB_HIDDEN);
+  CHECK(coords, DTYPE_F32, (int64_t)T * 2);
+  CHECK(w1, DTYPE_F32, CPB_HIDDEN * 2);
+  CHECK(b1, DTYPE_F32, CPB_HIDDEN);
+  CHECK(w2, DTYPE_F32, (int64_t)heads * CPB_HIDDEN);
+  INNER->cpb_forward(be, table, hidden, coords, w1, b1, w2, T, heads);
+}
+
+static void check_cpb_backward(Backend *be, float *dw1, float *db1, float *dw2, const float *dtable,
+                               const float *table, const float *hidden, const float *coords,
+                               const float *w2, int T, int heads) {
+  Call c = call_begin(be, CHECK_OP_cpb_backward);
+  CHECK(dw1, DTYPE_F32, CPB_HIDDEN * 2);
+  CHECK(db1, DTYPE_F32, CPB_HIDDEN);
+  CHECK(dw2, DTYPE_F32, (int64_t)heads * CPB_HIDDEN);
+  CHECK(dtable, DTYPE_F32, (int64_t)T * heads);
+  CHECK(table, DTYPE_F32, (int64_t)T * heads);
+  CHECK(hidden, DTYPE_F32, (int64_t)T * CPB_HIDDEN);
+  CHECK(coords, DTYPE_F32, (int64_t)T * 2);
+  CHECK(w2, DTYPE_F32, (int64_t)heads * CPB_HIDDEN);
+  INNER->cpb_backward(be, dw1, db1, dw2, dtable, table, hidden, coords, w2, T, heads);
 }
 
 static void check_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,

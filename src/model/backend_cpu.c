@@ -10,6 +10,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/augment.h"
+#include "kernels/cosine_attention.h"
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -273,6 +274,34 @@ static void cpu_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, fl
   if (dqkv_bias) column_sums_cpu(dqkv_bias, dqkv, (int64_t)BW * N, 3 * C);
 }
 
+static void cpu_cosine_qk_forward(Backend *be, void *qkv, float *norms, const float *q_bias,
+                                  const float *v_bias, const float *logit_scale, int64_t rows,
+                                  int C, int heads) {
+  (void)be;
+  cosine_qk_forward_cpu(qkv, norms, q_bias, v_bias, logit_scale, rows, C, heads);
+}
+
+static void cpu_cosine_qk_backward(Backend *be, void *dqkv, float *dq_bias, float *dv_bias,
+                                   float *dlogit_scale, const void *qkv, const float *norms,
+                                   const float *logit_scale, int64_t rows, int C, int heads) {
+  (void)be;
+  cosine_qk_backward_cpu(dqkv, dq_bias, dv_bias, dlogit_scale, qkv, norms, logit_scale, rows, C,
+                         heads);
+}
+
+static void cpu_cpb_forward(Backend *be, float *table, float *hidden, const float *coords,
+                            const float *w1, const float *b1, const float *w2, int T, int heads) {
+  (void)be;
+  cpb_forward_cpu(table, hidden, coords, w1, b1, w2, T, heads);
+}
+
+static void cpu_cpb_backward(Backend *be, float *dw1, float *db1, float *dw2, const float *dtable,
+                             const float *table, const float *hidden, const float *coords,
+                             const float *w2, int T, int heads) {
+  (void)be;
+  cpb_backward_cpu(dw1, db1, dw2, dtable, table, hidden, coords, w2, T, heads);
+}
+
 static void cpu_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,
                              const float *weight, const float *bias, int B, int L, int C, int K) {
   (void)be;
@@ -407,6 +436,10 @@ static const BackendOps cpu_ops = {
     .attention_saved_floats = cpu_attention_saved_floats,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .cosine_qk_forward = cpu_cosine_qk_forward,
+    .cosine_qk_backward = cpu_cosine_qk_backward,
+    .cpb_forward = cpu_cpb_forward,
+    .cpb_backward = cpu_cpb_backward,
     .head_forward = cpu_head_forward,
     .head_backward = cpu_head_backward,
     .train_loss = cpu_train_loss,

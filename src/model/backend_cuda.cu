@@ -13,6 +13,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/augment.h"
+#include "kernels/cosine_attention.h"
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -236,6 +237,10 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   // The attention backward's window sums of dS and qkv bias sums (kernels/attention.h).
   int64_t k = window_attention_backward_cuda_scratch_bound(n->max_window_tokens, n->max_heads,
                                                            n->max_width);
+  if (k > need) need = k;
+  // Swin V2's cosine q, k backward: per row block, sums per head and per q/v column (3C <=
+  // max_width, so C = max_width bounds it).
+  k = cosine_qk_backward_cuda_scratch(n->max_rows, n->max_width, n->max_heads);
   if (k > need) need = k;
   k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
       (int64_t)n->max_batch * n->max_width;
@@ -586,6 +591,37 @@ void cuda_attention_backward(Backend *be, void *dqkv, float *dqkv_bias, float *d
                                  state_of(be)->compute);
 }
 
+void cuda_cosine_qk_forward(Backend *be, void *qkv, float *norms, const float *q_bias,
+                            const float *v_bias, const float *logit_scale, int64_t rows, int C,
+                            int heads) {
+  OpScope scope(be, OP_ATTENTION);
+  cosine_qk_forward_cuda(be->act, qkv, norms, q_bias, v_bias, logit_scale, rows, C, heads,
+                         state_of(be)->compute);
+}
+
+void cuda_cosine_qk_backward(Backend *be, void *dqkv, float *dq_bias, float *dv_bias,
+                             float *dlogit_scale, const void *qkv, const float *norms,
+                             const float *logit_scale, int64_t rows, int C, int heads) {
+  OpScope scope(be, OP_ATTENTION);
+  float *scratch = scratch_of(be, cosine_qk_backward_cuda_scratch(rows, C, heads));
+  cosine_qk_backward_cuda(be->act, dqkv, dq_bias, dv_bias, dlogit_scale, qkv, norms, logit_scale,
+                          rows, C, heads, scratch, state_of(be)->compute);
+}
+
+void cuda_cpb_forward(Backend *be, float *table, float *hidden, const float *coords,
+                      const float *w1, const float *b1, const float *w2, int T, int heads) {
+  OpScope scope(be, OP_ATTENTION);
+  cpb_forward_cuda(table, hidden, coords, w1, b1, w2, T, heads, state_of(be)->compute);
+}
+
+void cuda_cpb_backward(Backend *be, float *dw1, float *db1, float *dw2, const float *dtable,
+                       const float *table, const float *hidden, const float *coords,
+                       const float *w2, int T, int heads) {
+  OpScope scope(be, OP_ATTENTION);
+  cpb_backward_cuda(dw1, db1, dw2, dtable, table, hidden, coords, w2, T, heads,
+                    state_of(be)->compute);
+}
+
 void cuda_head_forward(Backend *be, float *logits, float *pooled, const void *tokens,
                        const float *weight, const float *bias, int B, int L, int C, int K) {
   CudaState *st = state_of(be);
@@ -695,6 +731,10 @@ const BackendOps cuda_ops = {
     .attention_saved_floats = cuda_attention_saved_floats,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
+    .cosine_qk_forward = cuda_cosine_qk_forward,
+    .cosine_qk_backward = cuda_cosine_qk_backward,
+    .cpb_forward = cuda_cpb_forward,
+    .cpb_backward = cuda_cpb_backward,
     .head_forward = cuda_head_forward,
     .head_backward = cuda_head_backward,
     .train_loss = cuda_train_loss,
