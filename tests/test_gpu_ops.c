@@ -17,6 +17,7 @@
 #ifdef SWIN_HAVE_CUDA
 #include "data/batch_augment.h"
 #include "kernels/attention.h"
+#include "kernels/cosine_attention.h"
 #include "kernels/layernorm.h"
 #include "kernels/patch.h"
 #include "kernels/window.h"
@@ -605,6 +606,126 @@ static void run_attention_backward(OpRun *r, const void *arg) {
   result_increment(r, "dqkv_bias", dqkv_bias, dqkv_bias0, 3 * c->C);
 }
 
+// Swin V2's scaled-cosine q, k on the qkv linear's output (rows, 3C), C = heads * head_dim.
+typedef struct {
+  int64_t rows;
+  int heads, head_dim;
+  bool bias;  // q_bias and v_bias (else both NULL)
+} CosineCase;
+
+// Logit scales around timm's init ln 10, the last head's above the clamp at ln 100 (no gradient).
+static float *draw_logit_scale(OpRun *r, int heads) {
+  float *ls = draw_f32(r, heads, 1.5f, 3.5f);
+  ls[heads - 1] = 5.0f;
+  return ls;
+}
+
+static void run_cosine_qk_forward(OpRun *r, const void *arg) {
+  const CosineCase *c = arg;
+  const int C = c->heads * c->head_dim;
+  const int64_t n = c->rows * 3 * C, nn = c->rows * 2 * c->heads;
+  void *qkv = dev_act(r, draw_act(r, n, -1.0f, 1.0f), n);  // (rows, 3C, act), in place
+  float *q_bias = c->bias ? dev_f32(r, draw_f32(r, C, -0.5f, 0.5f), C) : NULL;
+  float *v_bias = c->bias ? dev_f32(r, draw_f32(r, C, -0.5f, 0.5f), C) : NULL;
+  float *ls = dev_f32(r, draw_logit_scale(r, c->heads), c->heads);
+  float *norms = dev_poisoned_f32(r, nn);  // (rows, 2, heads)
+  r->be->ops->cosine_qk_forward(r->be, qkv, norms, q_bias, v_bias, ls, c->rows, C, c->heads);
+  result_act(r, "qkv", qkv, n);
+  result_f32(r, "norms", norms, nn);
+}
+
+// The forward's output and norms as the backward reads them: the CPU reference's, the output
+// rounded to dt, the same on both backends.
+static void run_cosine_qk_backward(OpRun *r, const void *arg) {
+  const CosineCase *c = arg;
+  const int C = c->heads * c->head_dim;
+  const int64_t n = c->rows * 3 * C, nn = c->rows * 2 * c->heads;
+  float *saved = draw_f32(r, n, -1.0f, 1.0f);
+  const float *q_bias = c->bias ? draw_f32(r, C, -0.5f, 0.5f) : NULL;
+  const float *v_bias = c->bias ? draw_f32(r, C, -0.5f, 0.5f) : NULL;
+  const float *ls_h = draw_logit_scale(r, c->heads);
+  float *norms_h = keep_host(r, test_alloc_floats(nn));
+  cosine_qk_forward_cpu(saved, norms_h, q_bias, v_bias, ls_h, c->rows, C, c->heads);
+  test_round_all(r->dt, saved, n);
+  const void *qkv = dev_act(r, saved, n);  // (rows, 3C, act)
+  const float *norms = dev_f32(r, norms_h, nn), *ls = dev_f32(r, ls_h, c->heads);
+  void *dqkv = dev_act(r, draw_act(r, n, -1.0f, 1.0f), n);  // (rows, 3C, act), in place
+  const float *gq0 = draw_f32(r, C, -1.0f, 1.0f), *gv0 = draw_f32(r, C, -1.0f, 1.0f);
+  const float *gl0 = draw_f32(r, c->heads, -1.0f, 1.0f);
+  float *dq_bias = c->bias ? dev_f32(r, gq0, C) : NULL;  // (C), +=
+  float *dv_bias = c->bias ? dev_f32(r, gv0, C) : NULL;  // (C), +=
+  float *dlogit_scale = dev_f32(r, gl0, c->heads);       // (heads), +=
+  r->be->ops->cosine_qk_backward(r->be, dqkv, dq_bias, dv_bias, dlogit_scale, qkv, norms, ls,
+                                 c->rows, C, c->heads);
+  result_act(r, "dqkv", dqkv, n);
+  if (c->bias) {
+    result_increment(r, "dq_bias", dq_bias, gq0, C);
+    result_increment(r, "dv_bias", dv_bias, gv0, C);
+  }
+  result_increment(r, "dlogit_scale", dlogit_scale, gl0, c->heads);
+}
+
+// The continuous position bias of a square window: T = (2 window - 1)^2 rows.
+typedef struct {
+  int window, heads;
+} CpbCase;
+
+// coords (T, 2) as the model builds them, w1 (512, 2), b1 (512), w2 (heads, 512): hidden units of
+// O(1), half of them off, and out = hidden w2 of spread ~0.7, so the sigmoid is neither flat nor
+// saturated.
+typedef struct {
+  int T;
+  float *coords_h, *w1_h, *b1_h, *w2_h;  // host
+  float *coords, *w1, *b1, *w2;          // backend
+} CpbInputs;
+
+static CpbInputs cpb_inputs(OpRun *r, const CpbCase *c) {
+  CpbInputs a = {.T = (2 * c->window - 1) * (2 * c->window - 1)};
+  a.coords_h = keep_host(r, test_alloc_floats(2 * (int64_t)a.T));
+  if (cpb_coords_build(a.coords_h, c->window, c->window, 0, 0) != 0)
+    setup_failed("cpb_coords_build refused the window");
+  a.w1_h = draw_f32(r, 2 * CPB_HIDDEN, -1.0f, 1.0f);
+  a.b1_h = draw_f32(r, CPB_HIDDEN, -0.5f, 0.5f);
+  a.w2_h = draw_f32(r, (int64_t)c->heads * CPB_HIDDEN, -0.1f, 0.1f);
+  a.coords = dev_f32(r, a.coords_h, 2 * (int64_t)a.T);
+  a.w1 = dev_f32(r, a.w1_h, 2 * CPB_HIDDEN);
+  a.b1 = dev_f32(r, a.b1_h, CPB_HIDDEN);
+  a.w2 = dev_f32(r, a.w2_h, (int64_t)c->heads * CPB_HIDDEN);
+  return a;
+}
+
+static void run_cpb_forward(OpRun *r, const void *arg) {
+  const CpbCase *c = arg;
+  CpbInputs a = cpb_inputs(r, c);
+  const int64_t nt = (int64_t)a.T * c->heads, nh = (int64_t)a.T * CPB_HIDDEN;
+  float *table = dev_poisoned_f32(r, nt), *hidden = dev_poisoned_f32(r, nh);
+  r->be->ops->cpb_forward(r->be, table, hidden, a.coords, a.w1, a.b1, a.w2, a.T, c->heads);
+  result_f32(r, "table", table, nt);
+  result_f32(r, "hidden", hidden, nh);
+}
+
+// From the CPU reference's forward (the same table and hidden layer on both backends).
+static void run_cpb_backward(OpRun *r, const void *arg) {
+  const CpbCase *c = arg;
+  CpbInputs a = cpb_inputs(r, c);
+  const int64_t nt = (int64_t)a.T * c->heads, nh = (int64_t)a.T * CPB_HIDDEN;
+  const int64_t nw2 = (int64_t)c->heads * CPB_HIDDEN;
+  float *table_h = keep_host(r, test_alloc_floats(nt)),
+        *hidden_h = keep_host(r, test_alloc_floats(nh));
+  cpb_forward_cpu(table_h, hidden_h, a.coords_h, a.w1_h, a.b1_h, a.w2_h, a.T, c->heads);
+  const float *table = dev_f32(r, table_h, nt), *hidden = dev_f32(r, hidden_h, nh);
+  const float *dtable = dev_f32(r, draw_f32(r, nt, -1.0f, 1.0f), nt);  // (T, heads)
+  const float *g1 = draw_f32(r, 2 * CPB_HIDDEN, -1.0f, 1.0f);
+  const float *gb = draw_f32(r, CPB_HIDDEN, -1.0f, 1.0f), *g2 = draw_f32(r, nw2, -1.0f, 1.0f);
+  float *dw1 = dev_f32(r, g1, 2 * CPB_HIDDEN), *db1 = dev_f32(r, gb, CPB_HIDDEN);  // +=
+  float *dw2 = dev_f32(r, g2, nw2);                                                // +=
+  r->be->ops->cpb_backward(r->be, dw1, db1, dw2, dtable, table, hidden, a.coords, a.w2, a.T,
+                           c->heads);
+  result_increment(r, "dw1", dw1, g1, 2 * CPB_HIDDEN);
+  result_increment(r, "db1", db1, gb, CPB_HIDDEN);
+  result_increment(r, "dw2", dw2, g2, nw2);
+}
+
 typedef struct {
   int B, L, C, K;
 } HeadCase;
@@ -1092,6 +1213,56 @@ static const OpRow rows[] = {
      run_attention_backward,
      &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
+    // Swin V2's cosine q, k: the same f32 arithmetic from the same values (the norms' sums in
+    // f32 on the GPU, double on the CPU), q', k', v' stored once in dt; the backward's bias and
+    // logit-scale sums of f32 values on both (the GPU's before dqkv's rounding to dt). 200 rows:
+    // a ragged last block of rows. The last head's logit scale is clamped: no gradient on both.
+    {"cosine_qk_forward",
+     "q/v bias, 200 rows, 3 heads of 32",
+     run_cosine_qk_forward,
+     &(const CosineCase){200, 3, 32, true},
+     {{"qkv", ROUNDED}, {"norms", FP32}}},
+    {"cosine_qk_forward",
+     "no bias, 200 rows, 24 heads of 32",
+     run_cosine_qk_forward,
+     &(const CosineCase){200, 24, 32, false},
+     {{"qkv", ROUNDED}, {"norms", FP32}}},
+    {"cosine_qk_backward",
+     "q/v bias, 200 rows, 3 heads of 32",
+     run_cosine_qk_backward,
+     &(const CosineCase){200, 3, 32, true},
+     {{"dqkv", ROUNDED}, {"dq_bias", FP32}, {"dv_bias", FP32}, {"dlogit_scale", FP32}}},
+    {"cosine_qk_backward",
+     "no bias, 200 rows, 24 heads of 32",
+     run_cosine_qk_backward,
+     &(const CosineCase){200, 24, 32, false},
+     {{"dqkv", ROUNDED}, {"dlogit_scale", FP32}}},
+    {"cosine_qk_backward",
+     "q/v bias, 2500 rows (1 or 2 per warp of the 256 x 8), 24 heads of 32",
+     run_cosine_qk_backward,
+     &(const CosineCase){2500, 24, 32, true},
+     {{"dqkv", ROUNDED}, {"dq_bias", FP32}, {"dv_bias", FP32}, {"dlogit_scale", FP32}}},
+    // The continuous position bias: f32 in every precision, the same double sums on both.
+    {"cpb_forward",
+     "window 8 (T=225), 3 heads",
+     run_cpb_forward,
+     &(const CpbCase){8, 3},
+     {{"table", FP32}, {"hidden", FP32}}},
+    {"cpb_forward",
+     "window 16 (T=961), 32 heads",
+     run_cpb_forward,
+     &(const CpbCase){16, 32},
+     {{"table", FP32}, {"hidden", FP32}}},
+    {"cpb_backward",
+     "window 8 (T=225), 3 heads",
+     run_cpb_backward,
+     &(const CpbCase){8, 3},
+     {{"dw1", FP32}, {"db1", FP32}, {"dw2", FP32}}},
+    {"cpb_backward",
+     "window 16 (T=961), 32 heads",
+     run_cpb_backward,
+     &(const CpbCase){16, 32},
+     {{"dw1", FP32}, {"db1", FP32}, {"dw2", FP32}}},
     // The pool sums in double on both, the linear is fp32 with fp32 weights in every precision;
     // dtokens (d(pooled) / L) rounded once.
     {"head_forward",
@@ -1208,15 +1379,16 @@ static const OpRow rows[] = {
 // Scratch for the largest operand of any row (a backend aborts naming the op when one outgrows
 // it): the CPU composes its fused ops in 2 * max_elements floats; the CUDA backend sizes its bias
 // gradients' partials by max_rows x max_width, the attention backward's by the window and the
-// heads, the optimizer's by the parameters.
+// heads, the cosine q, k backward's by the rows, the width and the heads (3C = 2304 at 24 heads
+// of 32), the optimizer's by the parameters.
 static BackendNeeds row_needs(void) {
   return (BackendNeeds){.max_elements = 1 << 14,
-                        .max_rows = 1024,
-                        .max_width = 256,
+                        .max_rows = 2500,
+                        .max_width = 3 * 768,
                         .max_batch = 64,
                         .num_params = opt_floats(),
                         .max_window_tokens = 16,
-                        .max_heads = 4};
+                        .max_heads = 24};
 }
 
 // ---- the driver ---------------------------------------------------------------------------------
