@@ -74,8 +74,9 @@ typedef struct {
 typedef enum {
   OP_GEMM,         // linear layers and the head (cuBLASLt), bias gradients not fused elsewhere
   OP_ATTENTION,    // window attention, forward and backward
-  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm
-  OP_ELEMENTWISE,  // GELU, patch-embedding input, drop path, mean pool, compute copy
+  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm, res-post-norm
+  OP_ELEMENTWISE,  // GELU, patch-embedding input, the plain patch merge, drop path, mean pool,
+                   // compute copy
   OP_LOSS,         // cross-entropy, metrics
   OP_OPTIMIZER,    // gradient norm, AdamW
   OP_MEMORY,       // zeroing, device copies
