@@ -53,6 +53,33 @@ void residual_layernorm_backward_cpu(float *dres_out, float *dbranch, float *dwe
                                      const WindowMap *ln_map, int B, int64_t L, int C,
                                      float *scratch);
 
+// Res-post-norm residual (Swin V2): the branch is normalized before it is added, and the sum is
+// what the next block reads. Over the B*L tokens t = (b, y, x) of a (B, H, W, C) map, with
+// bmap/omap/xmap(t) = window_row(map, t) when branch_map / out_map / x_map is given, else t:
+//   n[t] = LN(branch[bmap(t)]); mean, rstd (B*L) saved in token order
+//   x_out[t] = x_in[t] (0 when x_in is NULL) + scale[b] (1 when NULL) * n[t]   (x_out may be x_in)
+//   xw_out[omap(t)] = x_out[t]   (xw_out given: the next attention's windows)
+// Uses in the model: the attention unit (branch = proj out in window order), the MLP unit (fc2
+// out; xw_out the next block's windows), a stage's input (the patch embedding or the merge's
+// reduction: no x_in, no scale).
+void postnorm_residual_forward_cpu(float *x_out, float *xw_out, float *mean, float *rstd,
+                                   const float *x_in, const float *branch,
+                                   const WindowMap *branch_map, const float *scale,
+                                   const float *weight, const float *bias, const WindowMap *out_map,
+                                   int B, int64_t L, int C);
+// The backward:
+//   g[t] = dres_in[t] (0 when NULL) + dx[xmap(t)] (0 when NULL); dres_out[t] = g[t] (dres_out
+//   given; may alias dres_in); u = scale[b] (1 when NULL) * g[t], the gradient of n[t];
+//   dbranch[bmap(t)] = LayerNorm backward of u (written; with mean[t], rstd[t], weight);
+//   dweight += sum_t u * xhat, dbias += sum_t u (each when given; fixed row chunks, the sums
+//   bitwise the same whatever the thread count).
+// (The CUDA form also sums dbranch's columns; on the CPU the backend adds column_sums_cpu.)
+void postnorm_residual_backward_cpu(float *dres_out, float *dbranch, float *dweight, float *dbias,
+                                    const float *dres_in, const float *dx, const WindowMap *x_map,
+                                    const float *branch, const float *weight, const float *mean,
+                                    const float *rstd, const WindowMap *branch_map,
+                                    const float *scale, int B, int64_t L, int C);
+
 #ifdef SWIN_HAVE_CUDA
 // CUDA forms of the fused op: device pointers, the act tensors (x_out, ln_out, x_in, branch,
 // dbranch, dln, x) of element type dt (F32, BF16 or F16), statistics, scales, parameters and
@@ -79,6 +106,25 @@ void residual_layernorm_backward_cuda(DType dt, float *dres_out, void *dbranch, 
                                       const WindowMap *branch_map, const float *scale,
                                       const WindowMap *ln_map, int B, int64_t L, int C,
                                       float *scratch, cudaStream_t stream);
+// The res-post-norm residual on CUDA (kernels/cuda/layernorm_postnorm.cu): x_out, xw_out, x_in,
+// branch, dx and dbranch of element type dt; statistics, scale, parameters and dres in f32.
+// x_out is stored in dt and xw_out gets the stored value. The backward's dbranch_bias (C, f32,
+// or NULL) += the column sums of dbranch as stored (in dt). Its parameter gradients go through
+// scratch (postnorm_residual_backward_cuda_scratch(B * L, C) floats; NULL when dweight, dbias
+// and dbranch_bias are all NULL) in a fixed order: bitwise the same run after run.
+void postnorm_residual_forward_cuda(DType dt, void *x_out, void *xw_out, float *mean, float *rstd,
+                                    const void *x_in, const void *branch,
+                                    const WindowMap *branch_map, const float *scale,
+                                    const float *weight, const float *bias,
+                                    const WindowMap *out_map, int B, int64_t L, int C,
+                                    cudaStream_t stream);
+int64_t postnorm_residual_backward_cuda_scratch(int64_t rows, int C);
+void postnorm_residual_backward_cuda(DType dt, float *dres_out, void *dbranch, float *dbranch_bias,
+                                     float *dweight, float *dbias, const float *dres_in,
+                                     const void *dx, const WindowMap *x_map, const void *branch,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     const WindowMap *branch_map, const float *scale, int B,
+                                     int64_t L, int C, float *scratch, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

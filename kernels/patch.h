@@ -59,6 +59,13 @@ void patch_embed_input_cuda(DType dt, void *patches, const void *input, DType in
 // images_normalize_cpu (mean, std: host arrays of Cin <= 4 values).
 void images_normalize_cuda(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
                            const float *mean, const float *std, cudaStream_t stream);
+// The plain patch merge (Swin V2, which normalizes after the reduction): merged (B, H/2, W/2, 4C)
+// from tokens (B, H, W, C), both of type dt; the backward overwrites dtokens (B, H, W, C, f32) in
+// full from dmerged (dt), with zeros for an odd map's last row or column, as the CPU does.
+void patch_merge_forward_cuda(DType dt, void *merged, const void *tokens, int B, int H, int W,
+                              int C, cudaStream_t stream);
+void patch_merge_backward_cuda(DType dt, float *dtokens, const void *dmerged, int B, int H, int W,
+                               int C, cudaStream_t stream);
 // Patch merging + LayerNorm (the gather folded into the LayerNorm's loads; H and W even): out,
 // tokens, dout of type dt; dtokens (f32) overwritten in full; statistics in f32 as in
 // kernels/layernorm.h; scratch: merge_layernorm_backward_cuda_scratch floats, fixed-order

@@ -2,16 +2,18 @@
 // (src/model/backend_check.h), on the CPU backend.
 //   1. Violations abort with a message that names the op, the argument and the tensor: an extent
 //      past the end of an activation, a parameter gradient smaller than the op's shape, a dtype
-//      mismatch, a pointer into the alignment gap of the flat weights, two registrations that
-//      overlap. Each runs in a child process; the same call with the right arguments runs to its
-//      end there (the negative control: the check is what aborts).
+//      mismatch, a pointer into the alignment gap of the flat weights, V2's post-norm branch and
+//      merge gradient shorter than their shapes, two registrations that overlap. Each runs in a
+//      child process; the same call with the right arguments runs to its end there (the negative
+//      control: the check is what aborts).
 //   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias, layer decay, a moving
 //      average of the weights) trains two steps the way the trainer queues them (normalize,
 //      mixup, forward, loss, backward, optimizer, average) and evaluates the weights and the
 //      average (swapped in and back): every pointer of an op that takes only model and optimizer
 //      memory lies in a registered region (the registration is complete), the batch's pointers are
 //      exactly the unchecked ones, and the checked table computes the same bits as the backend's
-//      own. Swin V2's attention ops are not called by this V1 model (checked: zero calls).
+//      own. The ops of the other Swin version are not called at all: the test trains a V1
+//      and a V2 model, and each op must run, checked, in at least one of them.
 //   3. What the model and the optimizer register, they unregister when destroyed.
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -212,6 +214,23 @@ static void expect_abort(const char *what, void (*fn)(Model *), Model *m, const 
              missing ? missing : msg);
 }
 
+// Stage 0's residual-post-norm as a V2 block would call it, with a branch of stage 1 (half the
+// elements: a quarter of the tokens, twice the width).
+static void postnorm_short_branch(Model *m) {
+  const StageGeom *g = &m->stages[0];
+  m->be->ops->postnorm_residual_forward(m->be, m->acts.blocks[0].x1, NULL, NULL, NULL,
+                                        m->acts.blocks[0].x,
+                                        m->acts.blocks[m->stages[1].first_block].x, NULL, NULL,
+                                        NULL, NULL, NULL, BATCH, (int64_t)g->H * g->W, g->C);
+}
+
+// Stage 0's merge backward with stage 1's block input as dmerged (half the merged elements).
+static void patch_merge_short_dmerged(Model *m) {
+  const StageGeom *g = &m->stages[0];
+  m->be->ops->patch_merge_backward(m->be, m->acts.dres, m->acts.blocks[m->stages[1].first_block].x,
+                                   BATCH, g->H, g->W, g->C);
+}
+
 static void test_violations(Model *m) {
   char msg[4096];
   int how = run_child(attention_right, m, msg, sizeof msg);
@@ -233,6 +252,12 @@ static void test_violations(Model *m) {
   expect_abort("a pointer between tensors", linear_forward_bias_in_gap, m,
                (const char *const[]){"linear_forward: bias needs 8 F32 elements", "of weights (",
                                      "outside every tensor of that buffer", NULL});
+  expect_abort("a V2 post-norm branch shorter than the shape", postnorm_short_branch, m,
+               (const char *const[]){"postnorm_residual_forward: branch needs 4096 F32 elements",
+                                     "layers.1.blocks.0.x", "2048 too few", NULL});
+  expect_abort("a merge gradient shorter than the shape", patch_merge_short_dmerged, m,
+               (const char *const[]){"patch_merge_backward: dmerged needs 4096 F32 elements",
+                                     "layers.1.blocks.0.x", "2048 too few", NULL});
   expect_abort("overlapping registrations", register_overlap, m,
                (const char *const[]){"tensor test.overlap (", "overlaps patches (", NULL});
 }
@@ -260,16 +285,32 @@ static BatchPointers batch_pointers(const char *op) {
   return (BatchPointers){0, false};
 }
 
-// The ops of Swin V2's attention, which this (V1) model never calls.
-static bool v2_only(const char *op) {
-  static const char *const ops[] = {"cosine_qk_forward", "cosine_qk_backward", "cpb_forward",
-                                    "cpb_backward"};
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-    if (strcmp(ops[i], op) == 0) return true;
-  return false;
+// The ops only one Swin version calls: V1's merge with its LayerNorm first; V2's res-post-norm,
+// plain merge, cosine q / k and position-bias MLP. A model of the other version must not call
+// them (their wrappers' checks are exercised by the violations above and by the other model).
+static int op_version(const char *op) {
+  static const char *const v1[] = {"merge_layernorm_forward", "merge_layernorm_backward"};
+  static const char *const v2[] = {"postnorm_residual_forward",
+                                   "postnorm_residual_backward",
+                                   "patch_merge_forward",
+                                   "patch_merge_backward",
+                                   "cosine_qk_forward",
+                                   "cosine_qk_backward",
+                                   "cpb_forward",
+                                   "cpb_backward"};
+  for (size_t i = 0; i < sizeof v1 / sizeof v1[0]; i++)
+    if (strcmp(v1[i], op) == 0) return 1;
+  for (size_t i = 0; i < sizeof v2 / sizeof v2[0]; i++)
+    if (strcmp(v2[i], op) == 0) return 2;
+  return 0;
+}
+for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+  if (strcmp(ops[i], op) == 0) return true;
+return false;
 }
 
-static void test_training_checked(Backend *be, const Config *c) {
+// ran[i]: how many of the models ran op i with its checks as expected.
+static void test_training_checked(Backend *be, const Config *c, int *ran) {
   Error err;
   Run a, b;
   if (run_create(&a, be, c, &err) != 0 || run_create(&b, be, c, &err) != 0) {
@@ -278,29 +319,27 @@ static void test_training_checked(Backend *be, const Config *c) {
   }
   backend_check_reset_counts(be);
   run_steps(&a, be, c);
-  int complete = 0;
   for (int i = 0; i < backend_check_op_count(); i++) {
     const char *op = backend_check_op_name(i);
     BackendCheckCounts n;
     backend_check_counts(be, op, &n);
     BatchPointers batch = batch_pointers(op);
     int64_t want_unchecked = batch.per_call * n.calls;
-    bool ok = v2_only(op)
-                  ? n.calls == 0
-                  : n.calls > 0 && (n.checked > 0) != batch.only && n.unchecked == want_unchecked;
-    complete += ok;
-    test_check(ok, "%-28s %3lld calls, %4lld pointers checked, %3lld unchecked (want %lld%s)", op,
-               (long long)n.calls, (long long)n.checked, (long long)n.unchecked,
+    int only = op_version(op);
+    if (only && only != c->version) {
+      test_check(n.calls == 0, "%-28s %3lld calls (a V%d op: this V%d model calls none)", op,
+                 (long long)n.calls, only, c->version);
+      continue;
+    }
+    bool ok = n.calls > 0 && (n.checked > 0) != batch.only && n.unchecked == want_unchecked;
+    ran[i] += ok;
+    test_check(ok, "V%d: %-28s %3lld calls, %4lld pointers checked, %3lld unchecked (want %lld%s)",
+               c->version, op, (long long)n.calls, (long long)n.checked, (long long)n.unchecked,
                (long long)want_unchecked,
-               v2_only(op)      ? ": a Swin V2 op, not called by this V1 model"
-               : batch.only     ? ": the batch's, all it takes"
+               batch.only       ? ": the batch's, all it takes"
                : want_unchecked ? ": the batch's"
                                 : "");
   }
-  test_check(complete == backend_check_op_count(),
-             "every checked op ran (but V2's), and only the batch's pointers went unchecked (%d of "
-             "%d ops)",
-             complete, backend_check_op_count());
   BackendCheckCounts none;
   test_check(backend_check_counts(be, "no_such_op", &none) == -1, "an unknown op name is refused");
 
@@ -355,7 +394,18 @@ int main(void) {
              "model_destroy and optimizer_destroy unregister everything (%d left)",
              backend_check_region_count(&be));
 
-  test_training_checked(&be, &c);
+  // A V1 and a V2 model: every checked op runs, checked, in one of them, and only the batch's
+  // pointers go unchecked.
+  int ran[64] = {0}, complete = 0;
+  test_training_checked(&be, &c, ran);
+  Config v2 = c;
+  v2.version = 2;
+  if (config_validate(&v2, &err) != 0) test_check(0, "V2 config: %s", err.msg);
+  test_training_checked(&be, &v2, ran);
+  for (int i = 0; i < backend_check_op_count(); i++) complete += ran[i] > 0;
+  test_check(complete == backend_check_op_count(),
+             "every checked op ran in the V1 or the V2 model (%d of %d ops)", complete,
+             backend_check_op_count());
   test_check(backend_check_region_count(&be) == 0, "no regions left after the training runs");
   backend_destroy(&be);
   return test_finish();

@@ -1,6 +1,8 @@
-// test_gpu_layernorm.c: the CUDA backend's fused residual + LayerNorm and patch merging +
-// LayerNorm (residual_layernorm_{forward,backward}, merge_layernorm_{forward,backward}) against
-// the CPU backend's, in fp32, bf16 and fp16. Every way src/model/model.c calls the fused op is a
+// test_gpu_layernorm.c: the CUDA backend's fused residual + LayerNorm, patch merging +
+// LayerNorm and res-post-norm residual (residual_layernorm_{forward,backward},
+// merge_layernorm_{forward,backward}, postnorm_residual_{forward,backward}: Swin V2's attention
+// and MLP units on every shape below, C = 1536 included) against the CPU backend's, in fp32,
+// bf16 and fp16. Every way src/model/model.c calls the fused op is a
 // mode below (window partition / reverse folded in through shifted and unshifted maps, drop-path
 // scales with a zero, dres aliasing, no dres, no LayerNorm term); the shapes cover the 16-byte
 // path, the scalar path (C = 30), Swin-T's stage 1 at batch 2, and a large C (fewer warps per
@@ -497,6 +499,136 @@ static void check_merge(BackendPair *p, const LnShape *s, TestRng *rng) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
+// ---- res-post-norm residual (Swin V2)
+// ------------------------------------------------------------ The attention unit's forward and
+// backward (branch from shifted windows, drop path) and the MLP unit's (xw_out into shifted
+// windows, dx from them), as V2's blocks call them, against the CPU, each GPU run twice for the
+// same bits.
+typedef struct {
+  const char *name;
+  MapKind bmap, omap;  // the branch's order; xw_out's and dx's (MAP_NONE: neither is given)
+} PostMode;
+
+static const PostMode post_modes[] = {
+    {"attention unit: branch from shifted windows", MAP_SHIFTED, MAP_NONE},
+    {"MLP unit: xw_out, dx in shifted windows", MAP_NONE, MAP_SHIFTED},
+};
+
+typedef struct {
+  float *x_in, *branch, *scale, *weight, *bias, *dres_in, *dx, *dw0, *db0, *dbb0;
+} PostIn;
+typedef struct {
+  float *x_out, *xw_out, *mean, *rstd, *dres_out, *dbranch, *dw, *db, *dbb;
+} PostOut;
+
+static void post_out_alloc(PostOut *o, int64_t rows, int C) {
+  const int64_t n = rows * C;
+  *o = (PostOut){test_alloc_floats(n),    test_alloc_floats(n), test_alloc_floats(rows),
+                 test_alloc_floats(rows), test_alloc_floats(n), test_alloc_floats(n),
+                 test_alloc_floats(C),    test_alloc_floats(C), test_alloc_floats(C)};
+}
+static void post_out_free(PostOut *o) {
+  float *bufs[] = {o->x_out,   o->xw_out, o->mean, o->rstd, o->dres_out,
+                   o->dbranch, o->dw,     o->db,   o->dbb};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+// The forward, then the backward from the forward's own statistics (dres aliased as the model
+// passes it), on one backend.
+static void post_on(Backend *be, const LnShape *s, const PostMode *md, const PostIn *in,
+                    PostOut *out) {
+  const int64_t L = (int64_t)s->H * s->W, rows = shape_rows(s), n = rows * s->C;
+  const bool windows = md->omap != MAP_NONE;
+  WindowMap bm = shape_map(s, md->bmap), om = shape_map(s, md->omap);
+  void *x_in = be_copy_act(be, in->x_in, n), *branch = be_copy_act(be, in->branch, n);
+  float *scale = be_copy_f32(be, in->scale, s->B);
+  float *weight = be_copy_f32(be, in->weight, s->C), *bias = be_copy_f32(be, in->bias, s->C);
+  void *x_out = be_poisoned_act(be, n), *xw_out = windows ? be_poisoned_act(be, n) : NULL;
+  float *mean = be_poisoned_f32(be, rows), *rstd = be_poisoned_f32(be, rows);
+  be->ops->postnorm_residual_forward(be, x_out, xw_out, mean, rstd, x_in, branch,
+                                     map_or_null(&bm, md->bmap), scale, weight, bias,
+                                     map_or_null(&om, md->omap), s->B, L, s->C);
+  be_read_act(be, out->x_out, x_out, n);
+  if (windows) be_read_act(be, out->xw_out, xw_out, n);
+  be_read_f32(be, out->mean, mean, rows);
+  be_read_f32(be, out->rstd, rstd, rows);
+
+  float *dres = be_copy_f32(be, in->dres_in, n);
+  void *dx = windows ? be_copy_act(be, in->dx, n) : NULL, *dbranch = be_poisoned_act(be, n);
+  float *dw = be_copy_f32(be, in->dw0, s->C), *db = be_copy_f32(be, in->db0, s->C);
+  float *dbb = be_copy_f32(be, in->dbb0, s->C);
+  be->ops->postnorm_residual_backward(be, dres, dbranch, dbb, dw, db, dres, dx,
+                                      map_or_null(&om, md->omap), branch, weight, mean, rstd,
+                                      map_or_null(&bm, md->bmap), scale, s->B, L, s->C);
+  be_read_f32(be, out->dres_out, dres, n);
+  be_read_act(be, out->dbranch, dbranch, n);
+  be_read_f32(be, out->dw, dw, s->C);
+  be_read_f32(be, out->db, db, s->C);
+  be_read_f32(be, out->dbb, dbb, s->C);
+  void *bufs[] = {x_in, branch, scale, weight,  bias, x_out, xw_out, mean,
+                  rstd, dres,   dx,    dbranch, dw,   db,    dbb};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(be, bufs[i]);
+}
+
+static void check_postnorm(BackendPair *p, const LnShape *s, const PostMode *md, TestRng *rng) {
+  const DType dt = p->gpu.act;
+  const int64_t rows = shape_rows(s), n = rows * s->C;
+  const int C = s->C;
+  char ctx[512];
+  describe(ctx, sizeof ctx, "postnorm_residual", md->name, p->precision, s);
+  PostIn in = {.x_in = test_random_act(rng, dt, n, -1.0f, 1.0f),
+               .branch = random_rows(rng, dt, rows, C),
+               .scale = drop_scales(s->B),
+               .weight = test_alloc_floats(C),
+               .bias = test_alloc_floats(C),
+               .dres_in = test_alloc_floats(n),
+               .dx = test_random_act(rng, dt, n, -1.0f, 1.0f),
+               .dw0 = test_alloc_floats(C),
+               .db0 = test_alloc_floats(C),
+               .dbb0 = test_alloc_floats(C)};
+  test_fill_uniform(rng, in.weight, C, 0.5f, 1.5f);
+  test_fill_uniform(rng, in.bias, C, -0.5f, 0.5f);
+  test_fill_uniform(rng, in.dres_in, n, -1.0f, 1.0f);
+  test_fill_uniform(rng, in.dw0, C, -1.0f, 1.0f);
+  test_fill_uniform(rng, in.db0, C, -1.0f, 1.0f);
+  test_fill_uniform(rng, in.dbb0, C, -1.0f, 1.0f);
+  PostOut want, got, again;
+  post_out_alloc(&want, rows, C);
+  post_out_alloc(&got, rows, C);
+  post_out_alloc(&again, rows, C);
+  post_on(&p->cpu, s, md, &in, &want);
+  post_on(&p->gpu, s, md, &in, &got);
+  post_on(&p->gpu, s, md, &in, &again);
+  // Forward: the same fp32 LayerNorm of the same branch (statistics in fp32 shuffles against
+  // double), one add rounded once to dt. Backward: fp32 from the same inputs and statistics
+  // within TOL_F32 of each other; dbranch stored once; dbranch_bias sums the stored dbranch on
+  // the GPU (random-sign roundings, u normwise at most).
+  test_compare(ctx, "x_out", got.x_out, want.x_out, n, tol_stored(dt));
+  if (md->omap != MAP_NONE) {
+    test_compare(ctx, "xw_out", got.xw_out, want.xw_out, n, tol_stored(dt));
+    test_same_bits(ctx, "xw_out, two GPU runs", got.xw_out, again.xw_out, n);
+  }
+  test_compare(ctx, "mean", got.mean, want.mean, rows, TOL_F32);
+  test_compare(ctx, "rstd", got.rstd, want.rstd, rows, TOL_F32);
+  test_compare(ctx, "dres_out", got.dres_out, want.dres_out, n, TOL_F32);
+  test_compare(ctx, "dbranch", got.dbranch, want.dbranch, n, tol_stored(dt) + TOL_F32);
+  test_compare_increment(ctx, "dweight", got.dw, want.dw, in.dw0, C, TOL_F32);
+  test_compare_increment(ctx, "dbias", got.db, want.db, in.db0, C, TOL_F32);
+  test_compare_increment(ctx, "dbranch_bias", got.dbb, want.dbb, in.dbb0, C,
+                         tol_stored(dt) + TOL_F32);
+  test_same_bits(ctx, "x_out, two GPU runs", got.x_out, again.x_out, n);
+  test_same_bits(ctx, "dbranch, two GPU runs", got.dbranch, again.dbranch, n);
+  test_same_bits(ctx, "dweight, two GPU runs", got.dw, again.dw, C);
+  test_same_bits(ctx, "dbias, two GPU runs", got.db, again.db, C);
+  test_same_bits(ctx, "dbranch_bias, two GPU runs", got.dbb, again.dbb, C);
+  float *bufs[] = {in.x_in,    in.branch, in.scale, in.weight, in.bias,
+                   in.dres_in, in.dx,     in.dw0,   in.db0,    in.dbb0};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  post_out_free(&want);
+  post_out_free(&got);
+  post_out_free(&again);
+}
+
 // Scratch for the largest shape: the CPU composes its fused ops in 2 * elements floats; the CUDA
 // backward keeps 3 * width partial sums per block (2 * width in the merge, whose width is 4C).
 static BackendNeeds needs_for_shapes(void) {
@@ -528,6 +660,8 @@ int main(void) {
       for (size_t m = 0; m < sizeof backward_modes / sizeof backward_modes[0]; m++)
         check_backward(&p, s, &backward_modes[m], &rng);
       check_merge(&p, s, &rng);
+      for (size_t m = 0; m < sizeof post_modes / sizeof post_modes[0]; m++)
+        check_postnorm(&p, s, &post_modes[m], &rng);
     }
     for (int si = 0; si < NUM_MERGE_ONLY_SHAPES; si++)
       check_merge(&p, &merge_only_shapes[si], &rng);

@@ -521,6 +521,111 @@ static void run_merge_layernorm_backward(OpRun *r, const void *arg) {
   result_increment(r, "dbias", dbias, dbias0, C4);
 }
 
+// The res-post-norm residual (Swin V2): which optional arrays a use gives and which tensors are
+// in which window order.
+typedef struct {
+  int B, H, W, C, window, shift;
+  // forward: x_out = x_in + scale * LN(branch[bmap]), xw_out[omap] = x_out
+  bool x_in, scale, xw_out, in_place;
+  MapKind bmap, omap;
+  // backward: g = dres_in + dx[xmap] (xmap = omap), dres_out, dweight / dbias, dbranch_bias
+  bool dres_in, dx;
+  DresOut dres_out;
+  bool params, dbranch_bias;
+} PostCase;
+
+static WindowMap post_map(const PostCase *c, MapKind k) {
+  int shift = k == MAP_SHIFTED ? c->shift : 0;
+  return (WindowMap){c->H, c->W, c->window, c->window, shift, shift};
+}
+
+static void run_postnorm_residual_forward(OpRun *r, const void *arg) {
+  const PostCase *c = arg;
+  const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * c->C;
+  void *x_in = c->x_in ? dev_act(r, draw_act(r, n, -1.0f, 1.0f), n) : NULL;  // (B, L, C, act)
+  void *branch = dev_act(r, draw_rows(r, rows, c->C), n);  // (B*L, C, act) in bmap's order
+  float *scale = c->scale ? dev_f32(r, drop_scales(r, c->B), c->B) : NULL;  // (B)
+  float *weight = dev_f32(r, draw_f32(r, c->C, 0.5f, 1.5f), c->C);
+  float *bias = dev_f32(r, draw_f32(r, c->C, -0.5f, 0.5f), c->C);
+  void *x_out = c->in_place ? x_in : dev_poisoned_act(r, n);                   // (B, L, C, act)
+  void *xw_out = c->xw_out ? dev_poisoned_act(r, n) : NULL;                    // omap's order
+  float *mean = dev_poisoned_f32(r, rows), *rstd = dev_poisoned_f32(r, rows);  // (B*L)
+  WindowMap bm = post_map(c, c->bmap), om = post_map(c, c->omap);
+  r->be->ops->postnorm_residual_forward(r->be, x_out, xw_out, mean, rstd, x_in, branch,
+                                        c->bmap == MAP_NONE ? NULL : &bm, scale, weight, bias,
+                                        c->omap == MAP_NONE ? NULL : &om, c->B, L, c->C);
+  result_act(r, "x_out", x_out, n);
+  if (xw_out) result_act(r, "xw_out", xw_out, n);
+  result_f32(r, "mean", mean, rows);
+  result_f32(r, "rstd", rstd, rows);
+}
+
+static void run_postnorm_residual_backward(OpRun *r, const void *arg) {
+  const PostCase *c = arg;
+  const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * c->C;
+  const WindowMap bm = post_map(c, c->bmap), om = post_map(c, c->omap);
+  float *dres_in = c->dres_in ? dev_f32(r, draw_f32(r, n, -1.0f, 1.0f), n) : NULL;  // (B, L, C)
+  float *dres_out = c->dres_out == DRES_ALIAS      ? dres_in
+                    : c->dres_out == DRES_SEPARATE ? dev_poisoned_f32(r, n)
+                                                   : NULL;               // (B, L, C)
+  void *dx = c->dx ? dev_act(r, draw_act(r, n, -1.0f, 1.0f), n) : NULL;  // omap's order, act
+  const float *branch_h = draw_rows(r, rows, c->C);                      // bmap's order
+  void *branch = dev_act(r, branch_h, n);
+  float *weight = dev_f32(r, draw_f32(r, c->C, 0.5f, 1.5f), c->C);
+  // The forward's statistics, saved in token order: token t's are those of row bmap(t).
+  float *row_mean = keep_host(r, test_alloc_floats(rows)),
+        *row_rstd = keep_host(r, test_alloc_floats(rows));
+  float *mean_h = keep_host(r, test_alloc_floats(rows)),
+        *rstd_h = keep_host(r, test_alloc_floats(rows));
+  layernorm_stats(branch_h, rows, c->C, row_mean, row_rstd);
+  for (int64_t t = 0; t < rows; t++) {
+    int64_t b = t / L, yx = t % L;
+    int64_t row = c->bmap == MAP_NONE ? t : window_row(&bm, b, (int)(yx / c->W), (int)(yx % c->W));
+    mean_h[t] = row_mean[row];
+    rstd_h[t] = row_rstd[row];
+  }
+  float *mean = dev_f32(r, mean_h, rows), *rstd = dev_f32(r, rstd_h, rows);
+  float *scale = c->scale ? dev_f32(r, drop_scales(r, c->B), c->B) : NULL;
+  const float *dweight0 = c->params ? draw_f32(r, c->C, -1.0f, 1.0f) : NULL;
+  const float *dbias0 = c->params ? draw_f32(r, c->C, -1.0f, 1.0f) : NULL;
+  float *dweight = c->params ? dev_f32(r, dweight0, c->C) : NULL;  // (C), +=
+  float *dbias = c->params ? dev_f32(r, dbias0, c->C) : NULL;      // (C), +=
+  const float *dbranch_bias0 = c->dbranch_bias ? draw_f32(r, c->C, -1.0f, 1.0f) : NULL;
+  float *dbranch_bias = c->dbranch_bias ? dev_f32(r, dbranch_bias0, c->C) : NULL;  // (C), +=
+  void *dbranch = dev_poisoned_act(r, n);  // (B*L, C, act) in bmap's order
+  r->be->ops->postnorm_residual_backward(r->be, dres_out, dbranch, dbranch_bias, dweight, dbias,
+                                         dres_in, dx, c->omap == MAP_NONE ? NULL : &om, branch,
+                                         weight, mean, rstd, c->bmap == MAP_NONE ? NULL : &bm,
+                                         scale, c->B, L, c->C);
+  if (dres_out) result_f32(r, "dres_out", dres_out, n);
+  result_act(r, "dbranch", dbranch, n);
+  if (c->params) {
+    result_increment(r, "dweight", dweight, dweight0, c->C);
+    result_increment(r, "dbias", dbias, dbias0, c->C);
+  }
+  if (dbranch_bias) result_increment(r, "dbranch_bias", dbranch_bias, dbranch_bias0, c->C);
+}
+
+static void run_patch_merge_forward(OpRun *r, const void *arg) {
+  const MergeCase *c = arg;
+  const int64_t n = (int64_t)c->B * c->H * c->W * c->C;
+  const int64_t nm = (int64_t)c->B * (c->H / 2) * (c->W / 2) * 4 * c->C;
+  void *tokens = dev_act(r, draw_act(r, n, -2.0f, 2.0f), n);  // (B, H, W, C, act)
+  void *merged = dev_poisoned_act(r, nm);                     // (B, H/2, W/2, 4C, act)
+  r->be->ops->patch_merge_forward(r->be, merged, tokens, c->B, c->H, c->W, c->C);
+  result_act(r, "merged", merged, nm);
+}
+
+static void run_patch_merge_backward(OpRun *r, const void *arg) {
+  const MergeCase *c = arg;
+  const int64_t n = (int64_t)c->B * c->H * c->W * c->C;
+  const int64_t nm = (int64_t)c->B * (c->H / 2) * (c->W / 2) * 4 * c->C;
+  void *dmerged = dev_act(r, draw_act(r, nm, -1.0f, 1.0f), nm);  // (B, H/2, W/2, 4C, act)
+  float *dtokens = dev_poisoned_f32(r, n);                       // (B, H, W, C)
+  r->be->ops->patch_merge_backward(r->be, dtokens, dmerged, c->B, c->H, c->W, c->C);
+  result_f32(r, "dtokens", dtokens, n);
+}
+
 typedef struct {
   int B, H, W, window, shift;  // square windows, as the model's (shift 0: no mask)
   int C, heads;
@@ -1005,6 +1110,13 @@ typedef struct {
     .B = 2, .H = 8, .W = 8, .C = 32, .window = 4, .shift = 2, __VA_ARGS__ \
   }
 
+// Res-post-norm cases on LN's map, batch 2 and width 32 unless given (POST_BC).
+#define POST_BC(B_, C_, ...)                                               \
+  &(const PostCase) {                                                      \
+    .B = B_, .H = 8, .W = 8, .C = C_, .window = 4, .shift = 2, __VA_ARGS__ \
+  }
+#define POST(...) POST_BC(2, 32, __VA_ARGS__)
+
 static const OpRow rows[] = {
     {"to_compute",
      "1027 values (a ragged tail)",
@@ -1178,6 +1290,108 @@ static const OpRow rows[] = {
      run_merge_layernorm_backward,
      &(const MergeCase){2, 8, 8, 16},
      {{"dtokens", FP32}, {"dweight", FP32}, {"dbias", FP32}}},
+
+    // Res-post-norm (Swin V2): the same fp32 LayerNorm of the same branch values (statistics in
+    // fp32 shuffles on the GPU, double on the CPU), then one add rounded once to dt; xw_out is
+    // the same stored value. The backward in fp32 from the same inputs, dbranch stored once;
+    // dbranch_bias the sums of the stored dbranch on the GPU (random-sign roundings: u).
+    {"postnorm_residual_forward",
+     "attention unit: branch from shifted windows, x_in, drop path",
+     run_postnorm_residual_forward,
+     POST(.x_in = true, .scale = true, .bmap = MAP_SHIFTED),
+     {{"x_out", ROUNDED}, {"mean", FP32}, {"rstd", FP32}}},
+    {"postnorm_residual_forward",
+     "MLP unit: in place, xw_out into shifted windows, drop path",
+     run_postnorm_residual_forward,
+     POST(.x_in = true, .scale = true, .in_place = true, .xw_out = true, .omap = MAP_SHIFTED),
+     {{"x_out", ROUNDED}, {"xw_out", ROUNDED}, {"mean", FP32}, {"rstd", FP32}}},
+    {"postnorm_residual_forward",
+     "stage input: no x_in, no scale, xw_out into windows",
+     run_postnorm_residual_forward,
+     POST(.xw_out = true, .omap = MAP_PLAIN),
+     {{"x_out", ROUNDED}, {"xw_out", ROUNDED}, {"mean", FP32}, {"rstd", FP32}}},
+    {"postnorm_residual_forward",
+     "C = 1536 (Swin-L's last stage), B=1 8x8, branch shifted, xw_out shifted",
+     run_postnorm_residual_forward,
+     POST_BC(1, 1536, .x_in = true, .scale = true, .xw_out = true, .bmap = MAP_SHIFTED,
+             .omap = MAP_SHIFTED),
+     {{"x_out", ROUNDED}, {"xw_out", ROUNDED}, {"mean", FP32}, {"rstd", FP32}}},
+    {"postnorm_residual_forward",
+     "C = 30 (scalar path), branch shifted",
+     run_postnorm_residual_forward,
+     POST_BC(2, 30, .x_in = true, .scale = true, .bmap = MAP_SHIFTED),
+     {{"x_out", ROUNDED}, {"mean", FP32}, {"rstd", FP32}}},
+    {"postnorm_residual_backward",
+     "attention unit: dres aliased, dbranch to shifted windows, drop path, proj bias",
+     run_postnorm_residual_backward,
+     POST(.scale = true, .bmap = MAP_SHIFTED, .dres_in = true, .dres_out = DRES_ALIAS,
+          .params = true, .dbranch_bias = true),
+     {{"dres_out", FP32},
+      {"dbranch", ROUNDED},
+      {"dweight", FP32},
+      {"dbias", FP32},
+      {"dbranch_bias", ROUNDED}}},
+    {"postnorm_residual_backward",
+     "MLP unit: dres aliased, dx from shifted windows, drop path, fc2 bias",
+     run_postnorm_residual_backward,
+     POST(.scale = true, .omap = MAP_SHIFTED, .dres_in = true, .dx = true, .dres_out = DRES_ALIAS,
+          .params = true, .dbranch_bias = true),
+     {{"dres_out", FP32},
+      {"dbranch", ROUNDED},
+      {"dweight", FP32},
+      {"dbias", FP32},
+      {"dbranch_bias", ROUNDED}}},
+    {"postnorm_residual_backward",
+     "stage input: dx from windows only, no dres_out, patch-embedding bias",
+     run_postnorm_residual_backward,
+     POST(.omap = MAP_PLAIN, .dx = true, .params = true, .dbranch_bias = true),
+     {{"dbranch", ROUNDED}, {"dweight", FP32}, {"dbias", FP32}, {"dbranch_bias", ROUNDED}}},
+    {"postnorm_residual_backward",
+     "merge's norm: dx only, dres_out of its own, no dbranch_bias",
+     run_postnorm_residual_backward,
+     POST(.dx = true, .dres_out = DRES_SEPARATE, .params = true),
+     {{"dres_out", FP32}, {"dbranch", ROUNDED}, {"dweight", FP32}, {"dbias", FP32}}},
+    {"postnorm_residual_backward",
+     "C = 1536, B=1 8x8: dres + dx shifted, dbranch shifted, all sums",
+     run_postnorm_residual_backward,
+     POST_BC(1, 1536, .scale = true, .bmap = MAP_SHIFTED, .omap = MAP_SHIFTED, .dres_in = true,
+             .dx = true, .dres_out = DRES_ALIAS, .params = true, .dbranch_bias = true),
+     {{"dres_out", FP32},
+      {"dbranch", ROUNDED},
+      {"dweight", FP32},
+      {"dbias", FP32},
+      {"dbranch_bias", ROUNDED}}},
+    {"postnorm_residual_backward",
+     "C = 30 (scalar path): dres + dx shifted, all sums",
+     run_postnorm_residual_backward,
+     POST_BC(2, 30, .scale = true, .omap = MAP_SHIFTED, .dres_in = true, .dx = true,
+             .dres_out = DRES_SEPARATE, .params = true, .dbranch_bias = true),
+     {{"dres_out", FP32},
+      {"dbranch", ROUNDED},
+      {"dweight", FP32},
+      {"dbias", FP32},
+      {"dbranch_bias", ROUNDED}}},
+    // A permutation of values already in dt (to f32 in the backward): bitwise.
+    {"patch_merge_forward",
+     "B=2 8x8 C=16 -> 4x4 x 64",
+     run_patch_merge_forward,
+     &(const MergeCase){2, 8, 8, 16},
+     {{"merged", EXACT}}},
+    {"patch_merge_forward",
+     "odd map B=2 7x10 C=12 (scalar in bf16 / fp16) -> 3x5 x 48",
+     run_patch_merge_forward,
+     &(const MergeCase){2, 7, 10, 12},
+     {{"merged", EXACT}}},
+    {"patch_merge_backward",
+     "B=2 8x8 C=16",
+     run_patch_merge_backward,
+     &(const MergeCase){2, 8, 8, 16},
+     {{"dtokens", EXACT}}},
+    {"patch_merge_backward",
+     "odd map B=2 7x10 C=12: the last row's gradient 0",
+     run_patch_merge_backward,
+     &(const MergeCase){2, 7, 10, 12},
+     {{"dtokens", EXACT}}},
 
     // In bf16 / fp16 (the tensor-core kernels) P is rounded to dt before P v, and out after it:
     // two roundings (one in fp32); dqkv likewise, and its column sums carry them. dtable: fp32

@@ -1,6 +1,7 @@
 // layernorm.cu: the entry points of the fused residual + LayerNorm and patch merging + LayerNorm
 // on CUDA (kernels/layernorm.h, kernels/patch.h), which run the register or the multi-pass
-// kernels, and the second pass that sums the backward's parameter-gradient partials.
+// kernels, and the second pass that sums the backward's parameter-gradient partials (which the
+// res-post-norm backward, kernels/cuda/layernorm_postnorm.cu, also uses).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,13 +36,12 @@
 
 using namespace swin_cuda::layernorm;
 
-namespace {
+namespace swin_cuda::layernorm {
 
 // The reduction of the partials: 32 columns per block, 32 thread rows splitting the partials.
 constexpr int kReduceRows = 32;
 constexpr int kReduceThreads = kWarp * kReduceRows;
 
-// The RowMap of m (NULL: token order) for a launch over `rows` tokens, L per image.
 RowMap row_map(const WindowMap *m, int64_t L, int64_t rows) {
   RowMap r;
   r.on = m != nullptr;
@@ -52,14 +52,12 @@ RowMap row_map(const WindowMap *m, int64_t L, int64_t rows) {
   return r;
 }
 
+namespace {
+
 // The sums over blocks of each block's slot of partial (parts x C floats): part k's columns go
 // to out[k] (+=; parts without an output are skipped), in double and in a fixed order: thread
 // row ty adds blocks ty, ty + 32, ... in order, then thread row 0 adds the 32 thread rows in
 // order. Block (32, 32), one block per 32 of the columns [first * C, end * C).
-struct PartOutputs {
-  float *out[kResidualParts];
-};
-
 __global__ void __launch_bounds__(kReduceThreads)
     param_grad_reduce_kernel(PartOutputs outs, const float *__restrict__ partial, int64_t blocks,
                              int C, int parts, int first, int end) {
@@ -85,7 +83,8 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-// Parts [first, end) of the blocks' slots (parts x C each) into outs.
+}  // namespace
+
 void launch_part_reduce(PartOutputs outs, const float *partial, int64_t blocks, int C, int parts,
                         int first, int end, cudaStream_t stream) {
   const unsigned reduce_blocks = (unsigned)(((int64_t)(end - first) * C + kWarp - 1) / kWarp);
@@ -93,6 +92,10 @@ void launch_part_reduce(PartOutputs outs, const float *partial, int64_t blocks, 
       outs, partial, blocks, C, parts, first, end);
   CUDA_CHECK_LAUNCH();
 }
+
+}  // namespace swin_cuda::layernorm
+
+namespace {
 
 // dweight, dbias += the sums of slots of [dweight terms | dbias terms] (2C each).
 void launch_param_grad_reduce(float *dweight, float *dbias, const float *partial, int64_t blocks,

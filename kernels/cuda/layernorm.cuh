@@ -1,6 +1,7 @@
 // layernorm.cuh: what the CUDA LayerNorm files (kernels/cuda/layernorm*.cu) share: launch
-// constants, the row maps that fold the window partition in, the backward's partition, and the
-// launchers of both strategies, between which the entry points in layernorm.cu choose.
+// constants, the row maps that fold the window partition in, the backward's partition and its
+// parameter-gradient sums, and the launchers of both strategies, between which the entry points
+// in layernorm.cu choose.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -57,6 +58,37 @@ struct BackwardPlan {
 // The C-wide sums of the residual backward's blocks: dweight, dbias, dbranch (kernels/layernorm.h
 // calls the last one dbranch_bias).
 constexpr int kResidualParts = 3;
+
+// The RowMap of m (NULL: token order) for a launch over `rows` tokens, L per image.
+RowMap row_map(const WindowMap *m, int64_t L, int64_t rows);
+
+// The second pass of a backward's parameter-gradient sums (layernorm.cu): parts [first, end) of
+// the blocks' slots of partial (blocks x parts x C floats) added in block order, in double, into
+// the outputs (+=; a part whose output is NULL is skipped).
+struct PartOutputs {
+  float *out[kResidualParts];
+};
+void launch_part_reduce(PartOutputs outs, const float *partial, int64_t blocks, int C, int parts,
+                        int first, int end, cudaStream_t stream);
+
+// One warp's accumulators (parts x C floats) zeroed by its lanes.
+__device__ __forceinline__ void zero_accumulators(float *acc, int C, int parts = 2) {
+  for (int c = threadIdx.x % kWarp; c < parts * C; c += kWarp) acc[c] = 0.0f;
+}
+
+// After the row loop (every thread of the block reaches it): the block's warps' accumulators
+// (parts x C each) added in warp order into the block's slot of partial (parts x C).
+__device__ __forceinline__ void store_block_partial(float *partial, const float *acc_all, int C,
+                                                    int parts = 2) {
+  __syncthreads();
+  const int warps = blockDim.x / kWarp, width = parts * C;
+  float *slot = partial + (int64_t)blockIdx.x * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < warps; w++) s += acc_all[(size_t)w * width + c];
+    slot[c] = s;
+  }
+}
 
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {

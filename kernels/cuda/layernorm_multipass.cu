@@ -19,23 +19,6 @@ int64_t backward_max_blocks() {
   return 2 * 3 * (int64_t)device_sm_count();
 }
 
-__device__ __forceinline__ void zero_accumulators(float *acc, int C, int parts = 2) {
-  for (int c = threadIdx.x % kWarp; c < parts * C; c += kWarp) acc[c] = 0.0f;
-}
-
-// After the row loop (every thread of the block reaches it): the block's warps' accumulators
-// (parts x C each) added in warp order into the block's slot of partial (parts x C).
-__device__ void store_block_partial(float *partial, const float *acc_all, int C, int parts = 2) {
-  __syncthreads();
-  const int warps = blockDim.x / kWarp, width = parts * C;
-  float *slot = partial + (int64_t)blockIdx.x * width;
-  for (int c = threadIdx.x; c < width; c += blockDim.x) {
-    float s = 0.0f;
-    for (int w = 0; w < warps; w++) s += acc_all[(size_t)w * width + c];
-    slot[c] = s;
-  }
-}
-
 // ---- residual + LayerNorm, forward ------------------------------------------------------------
 // Row t: v = x_in[t] + scale[b] * branch[bmap(t)] rounded to T (written to x_out[t]) or x_in[t];
 // two passes for the statistics (mean, then squared deviations from it, as the CPU: no

@@ -1,7 +1,8 @@
 // patch.cu: the patch-embedding input on CUDA (kernels/patch.h): uint8 pixels normalized (or
-// normalized floats as given) and gathered into patch rows in one pass, in the compute type.
-// Patch merging lives with its LayerNorm in kernels/cuda/layernorm_register.cu and
-// layernorm_multipass.cu (entry points in kernels/cuda/layernorm.cu).
+// normalized floats as given) and gathered into patch rows in one pass, in the compute type; and
+// the plain patch merge (Swin V2's, forward and backward). Patch merging with its LayerNorm
+// (Swin V1's) lives in kernels/cuda/layernorm_register.cu and layernorm_multipass.cu (entry
+// points in kernels/cuda/layernorm.cu).
 //
 // The fast path works on strips. Strip (b, y) is image b's p rows y*p .. y*p + p - 1: p*W*Cin
 // contiguous input elements, whose Wp patches are Wp*Cin*p*p contiguous output elements. A block
@@ -243,7 +244,102 @@ __global__ void images_normalize_kernel(float *__restrict__ images,
   images[i] = normalize_pixel(pixels[i], norm.mean[c], norm.std[c]);
 }
 
+// ---- the plain patch merge ----------------------------------------------------------------------
+// One thread per VEC consecutive channels (16 bytes of T where C and the bases allow, else one
+// element): the forward per vector of a merged row, the backward per vector of a token, so each
+// writes every element of its output once. Merged row (b, y, x), segment k = (dy, dx) with
+// (dy, dx) = (k & 1, k >> 1) (kernels/patch.h's order) is token (b, 2y + dy, 2x + dx).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    patch_merge_forward_kernel(T *__restrict__ merged, const T *__restrict__ tokens, int64_t vecs,
+                               int H, int W, int C) {
+  const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= vecs) return;
+  const int H2 = H / 2, W2 = W / 2, C4 = 4 * C;
+  const int64_t e = v * VEC, u = e / C4;
+  const int col = (int)(e - u * C4), k = col / C, c = col - k * C;
+  const int64_t b = u / ((int64_t)H2 * W2);
+  const int yx = (int)(u - b * H2 * W2), y = yx / W2, x = yx - y * W2;
+  const T *src = tokens + ((b * H + 2 * y + (k & 1)) * W + 2 * x + (k >> 1)) * C + c;
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<int4 *>(merged + e) = *reinterpret_cast<const int4 *>(src);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i++) merged[e + i] = src[i];
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    patch_merge_backward_kernel(float *__restrict__ dtokens, const T *__restrict__ dmerged,
+                                int64_t vecs, int H, int W, int C) {
+  const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= vecs) return;
+  const int H2 = H / 2, W2 = W / 2;
+  const int64_t e = v * VEC, t = e / C;
+  const int c = (int)(e - t * C);
+  const int64_t b = t / ((int64_t)H * W);
+  const int yx = (int)(t - b * H * W), y = yx / W, x = yx - y * W;
+  float g[VEC];
+  if (y < 2 * H2 && x < 2 * W2) {
+    const int k = (y & 1) + 2 * (x & 1);
+    load_vec<T, VEC>(g, dmerged + ((b * H2 + y / 2) * W2 + x / 2) * 4 * C + k * C + c);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i++) g[i] = 0.0f;  // no merged row reads this token
+  }
+  store_vec<float, VEC>(dtokens + e, g);
+}
+
+template <typename T>
+void launch_patch_merge_forward(T *merged, const T *tokens, int B, int H, int W, int C,
+                                cudaStream_t stream) {
+  const int64_t n = (int64_t)B * (H / 2) * (W / 2) * 4 * C;
+  constexpr int V = kVec16<T>;
+  if (C % V == 0 && aligned16(merged) && aligned16(tokens))
+    patch_merge_forward_kernel<T, V>
+        <<<blocks_for(n / V, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(merged, tokens,
+                                                                               n / V, H, W, C);
+  else
+    patch_merge_forward_kernel<T, 1>
+        <<<blocks_for(n, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(merged, tokens, n, H, W,
+                                                                           C);
+}
+
+template <typename T>
+void launch_patch_merge_backward(float *dtokens, const T *dmerged, int B, int H, int W, int C,
+                                 cudaStream_t stream) {
+  const int64_t n = (int64_t)B * H * W * C;
+  constexpr int V = kVec16<T>;
+  if (C % V == 0 && aligned16(dtokens) && aligned16(dmerged))
+    patch_merge_backward_kernel<T, V>
+        <<<blocks_for(n / V, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(dtokens, dmerged,
+                                                                               n / V, H, W, C);
+  else
+    patch_merge_backward_kernel<T, 1>
+        <<<blocks_for(n, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(dtokens, dmerged, n, H,
+                                                                           W, C);
+}
+
 }  // namespace
+
+void patch_merge_forward_cuda(DType dt, void *merged, const void *tokens, int B, int H, int W,
+                              int C, cudaStream_t stream) {
+  if ((int64_t)B * (H / 2) * (W / 2) * C <= 0) return;
+  SWIN_DISPATCH(dt, T,
+                launch_patch_merge_forward<T>(static_cast<T *>(merged),
+                                              static_cast<const T *>(tokens), B, H, W, C, stream));
+  CUDA_CHECK_LAUNCH();
+}
+
+void patch_merge_backward_cuda(DType dt, float *dtokens, const void *dmerged, int B, int H, int W,
+                               int C, cudaStream_t stream) {
+  if ((int64_t)B * H * W * C <= 0) return;
+  SWIN_DISPATCH(
+      dt, T,
+      launch_patch_merge_backward<T>(dtokens, static_cast<const T *>(dmerged), B, H, W, C, stream));
+  CUDA_CHECK_LAUNCH();
+}
 
 void images_normalize_cuda(float *images, const uint8_t *pixels, int64_t B, int H, int W, int Cin,
                            const float *mean, const float *std, cudaStream_t stream) {

@@ -74,8 +74,9 @@ typedef struct {
 typedef enum {
   OP_GEMM,         // linear layers and the head (cuBLASLt), bias gradients not fused elsewhere
   OP_ATTENTION,    // window attention, forward and backward
-  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm
-  OP_ELEMENTWISE,  // GELU, patch-embedding input, drop path, mean pool, compute copy
+  OP_LAYERNORM,    // residual + LayerNorm (+ window maps), patch merging + LayerNorm, res-post-norm
+  OP_ELEMENTWISE,  // GELU, patch-embedding input, the plain patch merge, drop path, mean pool,
+                   // compute copy
   OP_LOSS,         // cross-entropy, metrics
   OP_OPTIMIZER,    // gradient norm, AdamW
   OP_MEMORY,       // zeroing, device copies
@@ -221,6 +222,28 @@ typedef struct {
                                    const void *dout, const void *tokens, const float *weight,
                                    const float *mean, const float *rstd, int B, int H, int W,
                                    int C);
+  // kernels/layernorm.h's postnorm_residual_{forward,backward} (Swin V2's res-post-norm): x_out,
+  // xw_out, x_in, branch, dx, dbranch act; dres_in, dres_out f32. The backward's dbranch_bias
+  // (C, f32, or NULL) += the column sums of dbranch as written: the bias gradient of the linear
+  // layer whose output the branch is (proj, fc2, the patch embedding).
+  void (*postnorm_residual_forward)(Backend *be, void *x_out, void *xw_out, float *mean,
+                                    float *rstd, const void *x_in, const void *branch,
+                                    const WindowMap *branch_map, const float *scale,
+                                    const float *weight, const float *bias,
+                                    const WindowMap *out_map, int B, int64_t L, int C);
+  void (*postnorm_residual_backward)(Backend *be, float *dres_out, void *dbranch,
+                                     float *dbranch_bias, float *dweight, float *dbias,
+                                     const float *dres_in, const void *dx, const WindowMap *x_map,
+                                     const void *branch, const float *weight, const float *mean,
+                                     const float *rstd, const WindowMap *branch_map,
+                                     const float *scale, int B, int64_t L, int C);
+  // kernels/patch.h's plain patch merge (Swin V2 normalizes after the reduction): merged (B, H/2,
+  // W/2, 4C, act) from tokens (B, H, W, C, act); the backward overwrites dtokens (B, H, W, C,
+  // f32) in full from dmerged (act).
+  void (*patch_merge_forward)(Backend *be, void *merged, const void *tokens, int B, int H, int W,
+                              int C);
+  void (*patch_merge_backward)(Backend *be, float *dtokens, const void *dmerged, int B, int H,
+                               int W, int C);
   // Window attention (kernels/attention.h): out, qkv, dout, dqkv act; table, dtable f32;
   // saved (attention_saved_floats of them) is whatever the backend keeps for the backward, which
   // may overwrite it. scale multiplies q k^T: attention_head_dim_scale(head_dim) for Swin V1, 1

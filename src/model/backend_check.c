@@ -25,6 +25,10 @@
   X(residual_layernorm_backward) \
   X(merge_layernorm_forward)     \
   X(merge_layernorm_backward)    \
+  X(postnorm_residual_forward)   \
+  X(postnorm_residual_backward)  \
+  X(patch_merge_forward)         \
+  X(patch_merge_backward)        \
   X(attention_forward)           \
   X(attention_backward)          \
   X(cosine_qk_forward)           \
@@ -399,6 +403,69 @@ static void check_merge_layernorm_backward(Backend *be, float *dtokens, float *d
   CHECK(rstd, DTYPE_F32, rows);
   INNER->merge_layernorm_backward(be, dtokens, dweight, dbias, dout, tokens, weight, mean, rstd, B,
                                   H, W, C);
+}
+
+static void check_postnorm_residual_forward(Backend *be, void *x_out, void *xw_out, float *mean,
+                                            float *rstd, const void *x_in, const void *branch,
+                                            const WindowMap *branch_map, const float *scale,
+                                            const float *weight, const float *bias,
+                                            const WindowMap *out_map, int B, int64_t L, int C) {
+  Call c = call_begin(be, CHECK_OP_postnorm_residual_forward);
+  int64_t rows = (int64_t)B * L, n = rows * C;
+  CHECK(x_out, be->act, n);
+  CHECK(xw_out, be->act, n);
+  CHECK(mean, DTYPE_F32, rows);
+  CHECK(rstd, DTYPE_F32, rows);
+  CHECK(x_in, be->act, n);
+  CHECK(branch, be->act, n);
+  CHECK(scale, DTYPE_F32, B);
+  CHECK(weight, DTYPE_F32, C);
+  CHECK(bias, DTYPE_F32, C);
+  INNER->postnorm_residual_forward(be, x_out, xw_out, mean, rstd, x_in, branch, branch_map, scale,
+                                   weight, bias, out_map, B, L, C);
+}
+
+static void check_postnorm_residual_backward(Backend *be, float *dres_out, void *dbranch,
+                                             float *dbranch_bias, float *dweight, float *dbias,
+                                             const float *dres_in, const void *dx,
+                                             const WindowMap *x_map, const void *branch,
+                                             const float *weight, const float *mean,
+                                             const float *rstd, const WindowMap *branch_map,
+                                             const float *scale, int B, int64_t L, int C) {
+  Call c = call_begin(be, CHECK_OP_postnorm_residual_backward);
+  int64_t rows = (int64_t)B * L, n = rows * C;
+  CHECK(dres_out, DTYPE_F32, n);
+  CHECK(dbranch, be->act, n);
+  CHECK(dbranch_bias, DTYPE_F32, C);
+  CHECK(dweight, DTYPE_F32, C);
+  CHECK(dbias, DTYPE_F32, C);
+  CHECK(dres_in, DTYPE_F32, n);
+  CHECK(dx, be->act, n);
+  CHECK(branch, be->act, n);
+  CHECK(weight, DTYPE_F32, C);
+  CHECK(mean, DTYPE_F32, rows);
+  CHECK(rstd, DTYPE_F32, rows);
+  CHECK(scale, DTYPE_F32, B);
+  INNER->postnorm_residual_backward(be, dres_out, dbranch, dbranch_bias, dweight, dbias, dres_in,
+                                    dx, x_map, branch, weight, mean, rstd, branch_map, scale, B, L,
+                                    C);
+}
+
+// tokens (B, H, W, C), merged (B, H/2, W/2, 4C).
+static void check_patch_merge_forward(Backend *be, void *merged, const void *tokens, int B, int H,
+                                      int W, int C) {
+  Call c = call_begin(be, CHECK_OP_patch_merge_forward);
+  CHECK(merged, be->act, (int64_t)B * (H / 2) * (W / 2) * 4 * C);
+  CHECK(tokens, be->act, (int64_t)B * H * W * C);
+  INNER->patch_merge_forward(be, merged, tokens, B, H, W, C);
+}
+
+static void check_patch_merge_backward(Backend *be, float *dtokens, const void *dmerged, int B,
+                                       int H, int W, int C) {
+  Call c = call_begin(be, CHECK_OP_patch_merge_backward);
+  CHECK(dtokens, DTYPE_F32, (int64_t)B * H * W * C);
+  CHECK(dmerged, be->act, (int64_t)B * (H / 2) * (W / 2) * 4 * C);
+  INNER->patch_merge_backward(be, dtokens, dmerged, B, H, W, C);
 }
 
 // The bias table has (2wh-1)(2ww-1) rows of heads, but the op's arguments give N = wh*ww only:

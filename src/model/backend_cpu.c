@@ -246,6 +246,41 @@ static void cpu_merge_layernorm_backward(Backend *be, float *dtokens, float *dwe
                                C, cpu_scratch(be, 2 * (int64_t)B * H * W * C));
 }
 
+static void cpu_postnorm_residual_forward(Backend *be, void *x_out, void *xw_out, float *mean,
+                                          float *rstd, const void *x_in, const void *branch,
+                                          const WindowMap *branch_map, const float *scale,
+                                          const float *weight, const float *bias,
+                                          const WindowMap *out_map, int B, int64_t L, int C) {
+  (void)be;
+  postnorm_residual_forward_cpu(x_out, xw_out, mean, rstd, x_in, branch, branch_map, scale, weight,
+                                bias, out_map, B, L, C);
+}
+
+static void cpu_postnorm_residual_backward(Backend *be, float *dres_out, void *dbranch,
+                                           float *dbranch_bias, float *dweight, float *dbias,
+                                           const float *dres_in, const void *dx,
+                                           const WindowMap *x_map, const void *branch,
+                                           const float *weight, const float *mean,
+                                           const float *rstd, const WindowMap *branch_map,
+                                           const float *scale, int B, int64_t L, int C) {
+  (void)be;
+  postnorm_residual_backward_cpu(dres_out, dbranch, dweight, dbias, dres_in, dx, x_map, branch,
+                                 weight, mean, rstd, branch_map, scale, B, L, C);
+  if (dbranch_bias) column_sums_cpu(dbranch_bias, dbranch, (int64_t)B * L, C);
+}
+
+static void cpu_patch_merge_forward(Backend *be, void *merged, const void *tokens, int B, int H,
+                                    int W, int C) {
+  (void)be;
+  patch_merge_forward_cpu(merged, tokens, B, H, W, C);
+}
+
+static void cpu_patch_merge_backward(Backend *be, float *dtokens, const void *dmerged, int B, int H,
+                                     int W, int C) {
+  (void)be;
+  patch_merge_backward_cpu(dtokens, dmerged, B, H, W, C);
+}
+
 // The CPU keeps the softmax probabilities (BW, heads, N, N).
 static int64_t cpu_attention_saved_floats(Backend *be, int BW, int N, int C, int heads) {
   (void)be;
@@ -433,6 +468,10 @@ static const BackendOps cpu_ops = {
     .residual_layernorm_backward = cpu_residual_layernorm_backward,
     .merge_layernorm_forward = cpu_merge_layernorm_forward,
     .merge_layernorm_backward = cpu_merge_layernorm_backward,
+    .postnorm_residual_forward = cpu_postnorm_residual_forward,
+    .postnorm_residual_backward = cpu_postnorm_residual_backward,
+    .patch_merge_forward = cpu_patch_merge_forward,
+    .patch_merge_backward = cpu_patch_merge_backward,
     .attention_saved_floats = cpu_attention_saved_floats,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,

@@ -229,10 +229,11 @@ void cuda_synchronize(Backend *be) {
 void cuda_reserve(Backend *be, const BackendNeeds *n) {
   refuse_in_capture(be, "reserve");
   CudaState *st = state_of(be);
-  // Upper bounds of what the ops ask for: a LayerNorm backward at most ~1024 blocks of 3C
-  // partials (kernels/cuda/layernorm.cu); the attention backward (kernels/cuda/attention.cu); a
-  // bias gradient's column sums (GELU's, qkv's, the head's) at most 1024 rows of partials
-  // (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer its own.
+  // Upper bounds of what the ops ask for: a LayerNorm backward (residual, merge or res-post-norm)
+  // at most ~1024 blocks of 3C partials (kernels/cuda/layernorm*.cu); the attention backward
+  // (kernels/cuda/attention.cu); a bias gradient's column sums (GELU's, qkv's, the head's) at most
+  // 1024 rows of partials (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer
+  // its own.
   int64_t need = 3 * 1024 * (int64_t)n->max_width;
   // The attention backward's window sums of dS and qkv bias sums (kernels/attention.h).
   int64_t k = window_attention_backward_cuda_scratch_bound(n->max_window_tokens, n->max_heads,
@@ -565,6 +566,43 @@ void cuda_merge_layernorm_backward(Backend *be, float *dtokens, float *dweight, 
                                 B, H, W, C, scratch, state_of(be)->compute);
 }
 
+void cuda_postnorm_residual_forward(Backend *be, void *x_out, void *xw_out, float *mean,
+                                    float *rstd, const void *x_in, const void *branch,
+                                    const WindowMap *branch_map, const float *scale,
+                                    const float *weight, const float *bias,
+                                    const WindowMap *out_map, int B, int64_t L, int C) {
+  OpScope scope(be, OP_LAYERNORM);
+  postnorm_residual_forward_cuda(be->act, x_out, xw_out, mean, rstd, x_in, branch, branch_map,
+                                 scale, weight, bias, out_map, B, L, C, state_of(be)->compute);
+}
+
+void cuda_postnorm_residual_backward(Backend *be, float *dres_out, void *dbranch,
+                                     float *dbranch_bias, float *dweight, float *dbias,
+                                     const float *dres_in, const void *dx, const WindowMap *x_map,
+                                     const void *branch, const float *weight, const float *mean,
+                                     const float *rstd, const WindowMap *branch_map,
+                                     const float *scale, int B, int64_t L, int C) {
+  OpScope scope(be, OP_LAYERNORM);
+  float *scratch = dweight || dbias || dbranch_bias
+                       ? scratch_of(be, postnorm_residual_backward_cuda_scratch((int64_t)B * L, C))
+                       : nullptr;
+  postnorm_residual_backward_cuda(be->act, dres_out, dbranch, dbranch_bias, dweight, dbias, dres_in,
+                                  dx, x_map, branch, weight, mean, rstd, branch_map, scale, B, L, C,
+                                  scratch, state_of(be)->compute);
+}
+
+void cuda_patch_merge_forward(Backend *be, void *merged, const void *tokens, int B, int H, int W,
+                              int C) {
+  OpScope scope(be, OP_ELEMENTWISE);
+  patch_merge_forward_cuda(be->act, merged, tokens, B, H, W, C, state_of(be)->compute);
+}
+
+void cuda_patch_merge_backward(Backend *be, float *dtokens, const void *dmerged, int B, int H,
+                               int W, int C) {
+  OpScope scope(be, OP_ELEMENTWISE);
+  patch_merge_backward_cuda(be->act, dtokens, dmerged, B, H, W, C, state_of(be)->compute);
+}
+
 int64_t cuda_attention_saved_floats(Backend *be, int BW, int N, int C, int heads) {
   return window_attention_saved_floats(be->act, BW, N, C, heads);
 }
@@ -728,6 +766,10 @@ const BackendOps cuda_ops = {
     .residual_layernorm_backward = cuda_residual_layernorm_backward,
     .merge_layernorm_forward = cuda_merge_layernorm_forward,
     .merge_layernorm_backward = cuda_merge_layernorm_backward,
+    .postnorm_residual_forward = cuda_postnorm_residual_forward,
+    .postnorm_residual_backward = cuda_postnorm_residual_backward,
+    .patch_merge_forward = cuda_patch_merge_forward,
+    .patch_merge_backward = cuda_patch_merge_backward,
     .attention_saved_floats = cuda_attention_saved_floats,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
