@@ -5,13 +5,18 @@ timed between two synchronizations; peak memory from torch.cuda.max_memory_alloc
 
 Usage: python3 scripts/bench_pytorch.py MODEL BATCH MODE [MODE ...]
   MODEL: swin_tiny | swin_small | swin_base | swin_large (timm's *_patch4_window7_224), or
-         swin_base_384 | swin_large_384 (timm's *_patch4_window12_384, 384-pixel input)
+         swin_base_384 | swin_large_384 (timm's *_patch4_window12_384, 384-pixel input), or
+         swinv2_tiny_256 | swinv2_base_256 (timm's swinv2_tiny_window8_256, swinv2_base_window16_256)
   MODE:  eager          timm's attention as written (matmul, softmax, matmul)
-         eager_fused    TIMM_FUSED_ATTN=2: timm calls F.scaled_dot_product_attention
+         eager_fused    TIMM_FUSED_ATTN=2: timm calls F.scaled_dot_product_attention (V2, whose
+                        timm attention has no fused path: the cosine scores through
+                        F.scaled_dot_product_attention with the position bias and mask as its
+                        float attn_mask, scale 1)
          compile_fused  torch.compile of the model with fused attention
          compile_fused_ro   the same with mode='reduce-overhead' (CUDA graphs)
          compile_flex   torch.compile with the window attention through FlexAttention, the
-                        relative-position bias and the shift mask added by a score_mod
+                        relative-position bias and the shift mask added by a score_mod (V2: the
+                        cosine q and k, the continuous position bias in the score_mod)
 Each mode runs in its own process (timm reads TIMM_FUSED_ATTN when it is imported) and prints one
 JSON line: {"bench": "pytorch", "model", "mode", "batch", "img_s", "ms_per_step", "peak_gib"}.
 """
@@ -28,7 +33,9 @@ MODELS = {"swin_tiny": ("swin_tiny_patch4_window7_224", 224, 0.2),
           "swin_base": ("swin_base_patch4_window7_224", 224, 0.5),
           "swin_large": ("swin_large_patch4_window7_224", 224, 0.5),
           "swin_base_384": ("swin_base_patch4_window12_384", 384, 0.5),
-          "swin_large_384": ("swin_large_patch4_window12_384", 384, 0.2)}
+          "swin_large_384": ("swin_large_patch4_window12_384", 384, 0.2),
+          "swinv2_tiny_256": ("swinv2_tiny_window8_256", 256, 0.2),
+          "swinv2_base_256": ("swinv2_base_window16_256", 256, 0.5)}
 ROUND, ROUNDS, WARMUP = 10, 5, 15
 
 
@@ -65,17 +72,97 @@ def use_flex_attention():
     swin.WindowAttention.forward = forward
 
 
+def v2_attention(flex):
+    """Replaces timm's V2 window attention forward: the same cosine scores, logit scale and
+    16 * sigmoid(cpb_mlp) bias, through FlexAttention (flex) or F.scaled_dot_product_attention with
+    the bias and mask as a float attn_mask; both with scale 1 (q carries the logit scale)."""
+    import math
+    import torch
+    import torch.nn.functional as F
+    import timm.models.swin_transformer_v2 as v2
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def forward(self, x, mask=None):
+        B_, N, C = x.shape
+        bias = None
+        if self.q_bias is not None:
+            bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+        qkv = F.linear(x, self.qkv.weight, bias).reshape(B_, N, 3, self.num_heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        scale = torch.clamp(self.logit_scale, max=math.log(1. / 0.01)).exp()
+        q = (F.normalize(q, dim=-1) * scale).to(v.dtype)  # the fp32 scale would promote q
+        k = F.normalize(k, dim=-1)
+        table = self.cpb_mlp(self.relative_coords_table).view(-1, self.num_heads)
+        rel = table[self.relative_position_index.view(-1)].view(N, N, -1).permute(2, 0, 1)
+        rel = 16 * torch.sigmoid(rel)  # (heads, N, N)
+        if flex:
+            if mask is None:
+                def score_mod(score, b, h, qi, ki):
+                    return score + rel[h, qi, ki]
+            else:
+                num_win = mask.shape[0]
+
+                def score_mod(score, b, h, qi, ki):
+                    return score + rel[h, qi, ki] + mask[b % num_win, qi, ki]
+            out = flex_attention(q, k, v, score_mod=score_mod, scale=1.0)
+        else:
+            attn_mask = rel.unsqueeze(0).to(q.dtype)
+            if mask is not None:
+                num_win = mask.shape[0]
+                attn_mask = (rel.unsqueeze(0) + mask.unsqueeze(1)).to(q.dtype)  # (nW, h, N, N)
+                attn_mask = attn_mask.repeat(B_ // num_win, 1, 1, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0)
+        out = out.transpose(1, 2).reshape(B_, N, -1)
+        return self.proj_drop(self.proj(out))
+
+    original = v2.WindowAttention.forward
+    v2.WindowAttention.forward = forward
+    return original
+
+
+def check_same_as_timm(net, original, side):
+    """The replaced V2 attention gives timm's logits (fp32, 2 images, drop path off). timm starts
+    the res-post-norms at zero, where the attention does not reach the logits: the check runs
+    with them at one, and puts them back."""
+    import torch
+    import timm.models.swin_transformer_v2 as v2
+    x = torch.randn(2, 3, side, side, device="cuda")
+    norms = [p for n, p in net.named_parameters() if n.endswith(("norm1.weight", "norm2.weight"))]
+    saved = [p.detach().clone() for p in norms]
+    net.eval()
+    with torch.no_grad():
+        for p in norms:
+            p.fill_(1.0)
+        ours = net(x)
+        replaced = v2.WindowAttention.forward
+        v2.WindowAttention.forward = original
+        ref = net(x)
+        v2.WindowAttention.forward = replaced
+        for p, v in zip(norms, saved):
+            p.copy_(v)
+    net.train()
+    err = ((ours - ref).abs().max() / ref.abs().max()).item()
+    # TF32 matmuls on both sides: ~1e-3; a wrong bias, scale or mask is O(1).
+    assert err < 2e-2, f"the replaced V2 attention differs from timm's by {err:.3g} (relative)"
+    print(f"replaced V2 attention vs timm: {err:.2e} relative (TF32)", file=sys.stderr)
+
+
 def run_mode(model, batch, mode):
     import torch
     import timm
 
-    if mode == "compile_flex":
+    original = None
+    if model.startswith("swinv2") and mode != "eager":
+        original = v2_attention(flex=mode == "compile_flex")
+    elif mode == "compile_flex":
         use_flex_attention()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     name, side, drop_path = MODELS[model]
     net = timm.create_model(name, num_classes=1000, drop_path_rate=drop_path).cuda().train()
+    if original is not None:
+        check_same_as_timm(net, original, side)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
     lossf = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     x = torch.randn(batch, 3, side, side, device="cuda")

@@ -3,8 +3,10 @@
 
 What: for three small Swin Transformers chosen to cover the geometry corner cases (shifted windows
 in two stages; a rectangular image whose maps shift along both sides, then along W only, then are
-smaller than the window; a last stage whose map equals the window), this builds timm's
-SwinTransformer, gives every parameter random values, and records in one safetensors file per
+smaller than the window; a last stage whose map equals the window), and two small Swin V2 models
+(shifted windows in two stages; the rectangular three-stage geometry with pretrained window sizes
+and one head's logit scale above its clamp), this builds timm's SwinTransformer or
+SwinTransformerV2, gives every parameter random values, and records in one safetensors file per
 model: an input batch (channels-last, swin.c's layout), labels, the logits, every parameter, the
 gradient of the label-smoothed cross-entropy, and the weights after 1 and 5 AdamW steps with
 global-norm clipping, the no-decay set and swin.c's warmup + cosine schedule (AdamW eps 1e-6,
@@ -48,6 +50,14 @@ CONFIGS = [
     # 14x14 -> 7x7 tokens, window 7: shift 3,3, then one window equal to the map, no shift.
     dict(name="last_equals_window", img=(28, 28), in_chans=1, patch=2, embed=12, depths=(2, 2),
          heads=(2, 4), window=7, mlp=4.0, classes=10, batch=2, seed=3),
+    # Swin V2 (version 2): res-post-norm, cosine attention, the continuous position bias.
+    dict(name="v2_shifted_two_stages", version=2, img=(32, 32), in_chans=3, patch=2, embed=16,
+         depths=(2, 2), heads=(2, 4), window=4, mlp=4.0, classes=7, batch=3, seed=4),
+    # Coordinates normalized by pretrained windows (6, 5, 3: stage 2's window is 2x4), and one
+    # head of layers.1.blocks.1 with its logit scale above ln 100 (clamped: no gradient).
+    dict(name="v2_rect_pretrained", version=2, img=(16, 32), in_chans=3, patch=2, embed=8,
+         depths=(2, 2, 2), heads=(1, 2, 4), window=4, mlp=2.0, classes=5, batch=2, seed=5,
+         pretrained=(6, 5, 3), clamped="layers.1.blocks.1.attn.logit_scale"),
 ]
 
 # Optimizer and schedule (swin.c: optim/adamw.h, optim/clip.h, optim/schedule.h).
@@ -167,9 +177,53 @@ def stage_geometry(cfg):
     return stages
 
 
+def expected_params_v2(cfg):
+    """expected_params for a V2 model: merging reduces then normalizes; blocks carry the logit
+    scale, q and v biases, the position-bias MLP, and post-norms."""
+    E, p, cin = cfg["embed"], cfg["patch"], cfg["in_chans"]
+    out = [("patch_embed.proj.weight", (E, cin, p, p)), ("patch_embed.proj.bias", (E,)),
+           ("patch_embed.norm.weight", (E,)), ("patch_embed.norm.bias", (E,))]
+    for s in range(len(cfg["depths"])):
+        C, heads = E << s, cfg["heads"][s]
+        if s > 0:
+            out += [(f"layers.{s}.downsample.reduction.weight", (C, 2 * C)),
+                    (f"layers.{s}.downsample.norm.weight", (C,)),
+                    (f"layers.{s}.downsample.norm.bias", (C,))]
+        hidden = int(C * cfg["mlp"])
+        for j in range(cfg["depths"][s]):
+            b = f"layers.{s}.blocks.{j}."
+            out += [(b + "attn.logit_scale", (heads, 1, 1)), (b + "attn.q_bias", (C,)),
+                    (b + "attn.v_bias", (C,)), (b + "attn.cpb_mlp.0.weight", (512, 2)),
+                    (b + "attn.cpb_mlp.0.bias", (512,)), (b + "attn.cpb_mlp.2.weight", (heads, 512)),
+                    (b + "attn.qkv.weight", (3 * C, C)),
+                    (b + "attn.proj.weight", (C, C)), (b + "attn.proj.bias", (C,)),
+                    (b + "norm1.weight", (C,)), (b + "norm1.bias", (C,)),
+                    (b + "mlp.fc1.weight", (hidden, C)), (b + "mlp.fc1.bias", (hidden,)),
+                    (b + "mlp.fc2.weight", (C, hidden)), (b + "mlp.fc2.bias", (C,)),
+                    (b + "norm2.weight", (C,)), (b + "norm2.bias", (C,))]
+    Cl, K = E << (len(cfg["depths"]) - 1), cfg["classes"]
+    out += [("norm.weight", (Cl,)), ("norm.bias", (Cl,)),
+            ("head.fc.weight", (K, Cl)), ("head.fc.bias", (K,))]
+    return out
+
+
+def cpb_coords(wh, ww, pretrained):
+    """swin.c's cpb_coords_build (kernels/cosine_attention.h): ((2wh-1)(2ww-1), 2) in float32."""
+    dh = np.arange(-(wh - 1), wh, dtype=np.float32)
+    dw = np.arange(-(ww - 1), ww, dtype=np.float32)
+    t = np.stack(np.meshgrid(dh, dw, indexing="ij"), axis=-1)
+    t[..., 0] /= np.float32((pretrained if pretrained > 0 else wh) - 1)
+    t[..., 1] /= np.float32((pretrained if pretrained > 0 else ww) - 1)
+    t *= np.float32(8)
+    t = np.sign(t) * np.log2(np.abs(t) + np.float32(1)) / np.float32(math.log2(8))
+    return t.reshape(-1, 2).astype(np.float32)
+
+
 def expected_params(cfg):
     """(name, shape) of every parameter in swin.c's order (src/model/model.c walk_params), which is
     also timm's state-dict order."""
+    if cfg.get("version", 1) == 2:
+        return expected_params_v2(cfg)
     E, p, cin = cfg["embed"], cfg["patch"], cfg["in_chans"]
     out = [("patch_embed.proj.weight", (E, cin, p, p)), ("patch_embed.proj.bias", (E,)),
            ("patch_embed.norm.weight", (E,)), ("patch_embed.norm.bias", (E,))]
@@ -231,6 +285,10 @@ def config_ini(cfg, clip):
         "seed = 0",
         "",
         "[model]",
+    ] + ([
+        "version = 2",
+        f"pretrained_window_sizes = {fmt(cfg.get('pretrained', (0,)))}",
+    ] if cfg.get("version", 1) == 2 else []) + [
         f"img_size = {H},{W}",
         f"in_chans = {cfg['in_chans']}",
         f"patch_size = {cfg['patch']}",
@@ -268,6 +326,16 @@ def config_ini(cfg, clip):
 # timm
 
 def build_model(cfg):
+    if cfg.get("version", 1) == 2:
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
+        model = SwinTransformerV2(
+            img_size=tuple(cfg["img"]), patch_size=cfg["patch"], in_chans=cfg["in_chans"],
+            num_classes=cfg["classes"], embed_dim=cfg["embed"], depths=tuple(cfg["depths"]),
+            num_heads=tuple(cfg["heads"]), window_size=cfg["window"], mlp_ratio=cfg["mlp"],
+            qkv_bias=True, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
+            global_pool="avg",
+            pretrained_window_sizes=tuple(cfg.get("pretrained", (0,) * len(cfg["depths"]))))
+        return model.double()
     from timm.models.swin_transformer import SwinTransformer
     model = SwinTransformer(
         img_size=tuple(cfg["img"]), patch_size=cfg["patch"], in_chans=cfg["in_chans"],
@@ -280,10 +348,16 @@ def build_model(cfg):
 def check_timm_matches_swin_c(model, cfg):
     """Asserts the facts swin.c relies on, on the installed timm."""
     import torch
-    from timm.models.swin_transformer import PatchMerging, SwinTransformerBlock
+    v2 = cfg.get("version", 1) == 2
+    if v2:
+        from timm.models.swin_transformer_v2 import PatchMerging
+        from timm.models.swin_transformer_v2 import SwinTransformerV2Block as SwinTransformerBlock
+    else:
+        from timm.models.swin_transformer import PatchMerging, SwinTransformerBlock
     name = cfg["name"]
     # State dict = parameters, with swin.c's names, shapes and order.
-    is_buffer = lambda k: "relative_position_index" in k or "attn_mask" in k  # noqa: E731
+    is_buffer = lambda k: ("relative_position_index" in k or "attn_mask" in k  # noqa: E731
+                           or "relative_coords_table" in k or k.endswith("k_bias"))
     sd_keys = [k for k in model.state_dict() if not is_buffer(k)]
     param_names = [n for n, _ in model.named_parameters()]
     assert sd_keys == param_names, (
@@ -322,6 +396,14 @@ def check_timm_matches_swin_c(model, cfg):
                 assert block.attn_mask is None, f"{where}: unshifted block with a mask"
             assert not getattr(block.attn, "fused_attn", False), \
                 f"{where}: fused attention is on; set TIMM_FUSED_ATTN=0"
+            if v2:
+                pretrained = cfg.get("pretrained", (0,) * len(cfg["depths"]))[s]
+                table = block.attn.relative_coords_table.cpu().numpy().reshape(-1, 2)
+                want = cpb_coords(*g["window"], pretrained).astype(np.float64)
+                # float32 log2 may round differently by an ulp between libraries.
+                assert np.allclose(table, want, rtol=3e-7, atol=0), \
+                    f"{where}: timm's relative_coords_table differs from swin.c's coordinates " \
+                    f"(max diff {np.abs(table - want).max():.3g})"
     for s, g in enumerate(geometry):
         print(f"{name}: layers.{s}: map {g['H']}x{g['W']}, window {g['window'][0]}x"
               f"{g['window'][1]}, odd blocks shift {g['shift']}: timm agrees with swin.c")
@@ -337,7 +419,7 @@ def check_timm_matches_swin_c(model, cfg):
                         dim=-1)
         ds = stage.downsample
         with torch.no_grad():
-            want = ds.reduction(ds.norm(cat))
+            want = ds.norm(ds.reduction(cat)) if v2 else ds.reduction(ds.norm(cat))
             got = ds(x)
         assert torch.allclose(got, want, rtol=0, atol=1e-12), \
             f"{name}: layers.{s}.downsample does not concatenate in swin.c's order"
@@ -345,7 +427,7 @@ def check_timm_matches_swin_c(model, cfg):
               f"x(0::2,1::2), x(1::2,1::2)]: timm agrees with swin.c")
 
 
-def reinitialize(model, torch):
+def reinitialize(model, torch, clamped=None):
     """Every parameter random, so no bug hides behind zeros and ones: Linear/conv weights and
     biases N(0, 0.1^2); LayerNorm weight 1 + 0.1 N, bias 0.1 N; bias tables N(0, 0.5^2). Values are
     rounded to fp32 so that swin.c loads exactly the weights the float64 reference uses."""
@@ -358,6 +440,12 @@ def reinitialize(model, torch):
                 kind = "ln_" + pname
             elif pname == "relative_position_bias_table":
                 kind = "table"
+            elif pname == "logit_scale":
+                kind = "logit_scale"
+            elif pname in ("q_bias", "v_bias"):
+                kind = "linear"
+            elif ".cpb_mlp.0" in full:
+                kind = "cpb_in"
             elif isinstance(module, (nn.Linear, nn.Conv2d)) and pname in ("weight", "bias"):
                 kind = "linear"
             else:
@@ -369,7 +457,10 @@ def reinitialize(model, torch):
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, dtype=torch.float64)
             value = {"ln_weight": 1 + 0.1 * noise, "ln_bias": 0.1 * noise, "table": 0.5 * noise,
-                     "linear": 0.1 * noise}[kinds[name]]
+                     "linear": 0.1 * noise, "cpb_in": 0.5 * noise,
+                     "logit_scale": math.log(10) + 0.3 * noise}[kinds[name]]
+            if name == clamped:
+                value[0] = 5.0  # above ln 100: the forward clamps it, its gradient is 0
             p.copy_(value.float().double())
 
 
@@ -381,7 +472,7 @@ def make_fixture(cfg, out_dir):
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg)
     check_timm_matches_swin_c(model, cfg)
-    reinitialize(model, torch)
+    reinitialize(model, torch, cfg.get("clamped"))
     x = torch.randn(B, cfg["in_chans"], H, W, dtype=torch.float64).float().double()
     labels = torch.randint(0, K, (B,), dtype=torch.int64)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=LABEL_SMOOTHING)
@@ -410,7 +501,10 @@ def make_fixture(cfg, out_dir):
     assert grad_norm0 > clip, f"{name}: gradient norm {grad_norm0} does not exceed clip {clip}"
 
     # NUM_STEPS AdamW steps from the same weights on the same batch.
-    decays = {n: p.ndim >= 2 and "relative_position_bias_table" not in n for n, p in params}
+    # No decay for 1-D tensors, the bias tables, and V2's position-bias MLP and logit scales (the
+    # official no_weight_decay_keywords), as swin.c's parameter table says.
+    no_decay_words = ("relative_position_bias_table", "cpb_mlp", "logit_scale")
+    decays = {n: p.ndim >= 2 and not any(w in n for w in no_decay_words) for n, p in params}
     decay = [p for n, p in params if decays[n]]
     no_decay = [p for n, p in params if not decays[n]]
     assert len(decay) + len(no_decay) == len(params)

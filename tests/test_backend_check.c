@@ -304,10 +304,6 @@ static int op_version(const char *op) {
     if (strcmp(v2[i], op) == 0) return 2;
   return 0;
 }
-for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-  if (strcmp(ops[i], op) == 0) return true;
-return false;
-}
 
 // ran[i]: how many of the models ran op i with its checks as expected.
 static void test_training_checked(Backend *be, const Config *c, int *ran) {

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cosine_attention.h"
 #include "src/base/config.h"
 #include "src/base/util.h"
 #include "src/io/checkpoint.h"
@@ -196,6 +197,7 @@ typedef struct {
   int img_h, img_w, in_chans, patch, embed, window, classes;
   int depths[3], heads[3], stages;
   bool qkv_bias;
+  int version;  // 0 or 1: Swin; 2: Swin V2
 } Case;
 
 static const Case cases[] = {
@@ -210,7 +212,8 @@ static const Case cases[] = {
      {2, 2},
      {2, 4},
      2,
-     true},
+     true,
+     1},
     {"16x32: shift 2,2, shift along W only, window 2x4",
      16,
      32,
@@ -222,9 +225,36 @@ static const Case cases[] = {
      {2, 2, 2},
      {1, 2, 4},
      3,
-     true},
-    {"1 channel, 1 class, 14x14 shift 3 then 7x7", 28, 28, 1, 2, 8, 7, 1, {2, 2}, {2, 2}, 2, true},
-    {"4 channels, window 8 > map 4x6, no qkv bias", 8, 12, 4, 2, 8, 8, 7, {3}, {2}, 1, false},
+     true,
+     1},
+    {"1 channel, 1 class, 14x14 shift 3 then 7x7", 28, 28, 1, 2, 8, 7, 1, {2, 2}, {2, 2}, 2, true, 1},
+    {"4 channels, window 8 > map 4x6, no qkv bias", 8, 12, 4, 2, 8, 8, 7, {3}, {2}, 1, false, 1},
+    {"V2: 16x16, shifted 4x4 windows, then one window",
+     16,
+     16,
+     3,
+     2,
+     8,
+     4,
+     10,
+     {2, 2},
+     {2, 4},
+     2,
+     true,
+     2},
+    {"V2: 16x32, three stages, no qkv bias",
+     16,
+     32,
+     3,
+     2,
+     8,
+     4,
+     5,
+     {2, 2, 2},
+     {1, 2, 4},
+     3,
+     false,
+     2},
 };
 
 static Config case_config(const Case *k) {
@@ -233,6 +263,7 @@ static Config case_config(const Case *k) {
   c.img_h = k->img_h, c.img_w = k->img_w, c.in_chans = k->in_chans;
   c.patch_size = k->patch, c.embed_dim = k->embed, c.window_size = k->window;
   c.num_classes = k->classes, c.qkv_bias = k->qkv_bias;
+  c.version = k->version ? k->version : 1;
   memset(c.depths, 0, sizeof c.depths);  // lists end at the first 0
   memset(c.num_heads, 0, sizeof c.num_heads);
   c.num_stages = k->stages;
@@ -244,8 +275,12 @@ static Config case_config(const Case *k) {
   return c;
 }
 
+// The parameters the graph folds into constants at export: V1's bias tables (gathered into
+// each block's bias), V2's position-bias MLP (likewise), logit scales and q / v biases.
 static bool is_table(const char *name) {
-  return ends_with(name, ".relative_position_bias_table");
+  return ends_with(name, ".relative_position_bias_table") || strstr(name, ".attn.cpb_mlp.") ||
+         ends_with(name, ".attn.logit_scale") || ends_with(name, ".attn.q_bias") ||
+         ends_with(name, ".attn.v_bias");
 }
 
 // The value an initializer must hold for float x: x itself, or x rounded to f16.
@@ -315,7 +350,16 @@ static void check_attention_bias(const OnnxModel *om, const Model *m, bool f16, 
       snprintf(name, sizeof name, "layers.%d.blocks.%d.attn.relative_position_bias%s", s, j,
                shifted ? "_masked" : "");
       const OnnxTensor *t = onnx_find_initializer(om, name);
-      const float *table = m->w.blocks[g->first_block + j].rel_table;
+      const BlockWeights *bw = &m->w.blocks[g->first_block + j];
+      float *v2_table = NULL;
+      if (m->cfg.version == 2) {  // the position-bias MLP's table, as the CPU reference makes it
+        v2_table = malloc(sizeof(float) * (size_t)g->cpb_rows * (size_t)H);
+        float *hidden = malloc(sizeof(float) * (size_t)g->cpb_rows * CPB_HIDDEN);
+        cpb_forward_cpu(v2_table, hidden, g->cpb_coords, bw->cpb_w1, bw->cpb_b1, bw->cpb_w2,
+                        g->cpb_rows, (int)H);
+        free(hidden);
+      }
+      const float *table = v2_table ? v2_table : bw->rel_table;
       float *want = malloc(sizeof(float) * (size_t)(nW * H * N * N));
       for (int64_t w = 0; w < nW; w++)
         for (int64_t h = 0; h < H; h++)
@@ -332,6 +376,7 @@ static void check_attention_bias(const OnnxModel *om, const Model *m, bool f16, 
                 (!shifted || t->dims[0] == nW) && tensor_equals(t, want, nW * H * N * N, f16);
       if (!ok && !bad++) snprintf(first, sizeof first, "%s", name);
       free(want);
+      free(v2_table);
     }
   }
   test_check(!bad, "%s: attention bias (+ mask) of every block equals table[index] (+ mask)%s%s",
@@ -371,7 +416,8 @@ static void check_graph(const OnnxModel *om, const Model *m, bool f16, const cha
     unused += !used;
     if (model_find_param(m, name))
       params++;
-    else if (strstr(name, ".attn.relative_position_bias"))
+    else if (strstr(name, ".attn.relative_position_bias") || ends_with(name, ".attn.qkv_bias") ||
+             ends_with(name, ".attn.logit_scale_clamped_exp"))
       biases++;
     else if (!strncmp(name, "i64", 3) || !strncmp(name, "f.", 2))
       constants++;
@@ -386,6 +432,7 @@ static void check_graph(const OnnxModel *om, const Model *m, bool f16, const cha
       first[0] ? "; first: " : "", first);
 
   int blocks = m->num_blocks, merges = m->num_stages - 1, rolls = 0;
+  int v2 = m->cfg.version == 2;  // q and k normalized: ReduceL2, Max, Div each
   for (int s = 0; s < m->num_stages; s++)
     for (int j = 1; j < m->stages[s].depth; j += 2)
       rolls += 2 * ((m->stages[s].sh > 0) + (m->stages[s].sw > 0));  // there and back
@@ -402,6 +449,9 @@ static void check_graph(const OnnxModel *om, const Model *m, bool f16, const cha
              {"Concat", rolls},
              {"Slice", 2 * rolls},
              {"ReduceMean", 1},
+             {"ReduceL2", 2 * v2 * blocks},
+             {"Max", 2 * v2 * blocks},
+             {"Div", blocks + 2 * v2 * blocks},
              {"Cast", f16 ? 2 : 0}};
   char got[512] = "";
   int o = 0, off = 0;
@@ -495,6 +545,7 @@ static void test_case(const Case *k, int index) {
   model_init_weights(&m, 5 + (uint64_t)index);
   TestRng r = {100 + (uint64_t)index};  // non-trivial values everywhere (init leaves zeros, ones)
   test_fill_uniform(&r, m.weights, m.num_floats, -1, 1);
+  if (cfg.version == 2) m.w.blocks[1].logit_scale[0] = 5.0f;  // above ln 100: clamped
   const struct {
     bool f16;
     int64_t batch;

@@ -165,6 +165,6 @@ int main(void) {
     found++;
   }
   if (d) closedir(d);
-  test_check(found >= 3, "found %d timm fixtures in %s (expected 3)", found, dir);
+  test_check(found >= 5, "found %d timm fixtures in %s (expected 5: 3 V1, 2 V2)", found, dir);
   return test_finish();
 }

@@ -126,6 +126,10 @@ static const ConfigKey config_keys[] = {
      TEXT(bench), .choices = "off|step|e2e|1|0|true|false"},
 
     // [model]
+    {"model.version", KEY_INT, "1",
+     "1: Swin (pre-norm blocks, scaled dot-product attention, a learned bias table); 2: Swin V2 "
+     "(res-post-norm blocks, scaled cosine attention, the continuous position-bias MLP)",
+     SCALAR(version), .range = FROM_TO(1, 2), .shape = true},
     {"model.img_size", KEY_INT_PAIR, "224", "input image size: N (square) or H,W",
      PAIR(img_h, img_w), .range = AT_LEAST(1), .shape = true},
     {"model.in_chans", KEY_INT, "3", "input channels (1 = grayscale, 3 = RGB)", SCALAR(in_chans),
@@ -153,6 +157,12 @@ static const ConfigKey config_keys[] = {
      SCALAR(drop_path_rate), .range = FROM_BELOW(0, 1)},
     {"model.num_classes", KEY_INT, "1000", "classes of the classification head",
      SCALAR(num_classes), .range = AT_LEAST(1), .shape = true},
+    // Not a shape: the position-bias MLP takes any coordinates, so a V2 model fine-tunes from
+    // one window to another with it.
+    {"model.pretrained_window_sizes", KEY_INT_LIST, "0",
+     "V2: window side each stage was pretrained with, which normalizes the position-bias "
+     "coordinates; 0 = the stage's own window; 1 value (every stage) or one per stage",
+     LIST(pretrained_windows, num_pretrained_windows), .range = AT_LEAST(0), .broadcast = true},
 
     // [train]
     {"train.batch_size", KEY_INT, "128",
@@ -518,8 +528,8 @@ static void key_expect(const ConfigKey *k, char *buf, size_t n) {
       snprintf(buf, n, "two numbers min,max with min <= max, each %s", range);
       break;
     case KEY_INT_LIST:
-      // Every int list holds counts (blocks, heads), so its elements are positive.
-      snprintf(buf, n, "a comma-separated list of positive integers (at most %d)", k->capacity);
+      snprintf(buf, n, "a comma-separated list of 1 to %d integers%s%s", k->capacity,
+               range[0] ? ", each " : "", range);
       break;
     case KEY_FLOAT_LIST:
       snprintf(buf, n, "a comma-separated list of 1 to %d numbers%s%s", k->capacity,
@@ -1257,6 +1267,11 @@ static int validate_geometry(const Config *c, Error *err) {
   }
   int gh = c->img_h / p, gw = c->img_w / p;
   char hint[512];
+  if (c->num_pretrained_windows != 1 && c->num_pretrained_windows != c->num_stages)
+    return error_set(err,
+                     "model.pretrained_window_sizes has %d values but the model has %d stages "
+                     "(model.depths)\nHINT: give 1 value (every stage) or %d",
+                     c->num_pretrained_windows, c->num_stages, c->num_stages);
   for (int i = 0; i < c->num_stages; i++) {
     int h = gh >> i, w = gw >> i;
     if (i > 0 && ((gh >> (i - 1)) % 2 != 0 || (gw >> (i - 1)) % 2 != 0)) {
@@ -1276,6 +1291,16 @@ static int validate_geometry(const Config *c, Error *err) {
                        "(model.window_size %d)\nHINT: %s",
                        i, h, w, wh, ww, c->window_size, hint);
     }
+    // V2's position-bias coordinates are divided by (pretrained side - 1), else (side - 1).
+    int pw = c->pretrained_windows[c->num_pretrained_windows == 1 ? 0 : i];
+    if (c->version == 2 && ((pw > 0 ? pw : wh) == 1 || (pw > 0 ? pw : ww) == 1))
+      return error_set(err,
+                       "model.version = 2: stage %d has %dx%d windows%s, and the continuous "
+                       "position bias normalizes its coordinates by (window side - 1), which is "
+                       "0 for a side of 1 (timm divides by zero there)\n"
+                       "HINT: use an image or patch size that leaves stage %d at least 2x2 "
+                       "tokens, fewer stages, or set model.pretrained_window_sizes for it (>= 2)",
+                       i, wh, ww, pw == 1 ? " (model.pretrained_window_sizes 1)" : "", i);
   }
   return 0;
 }
@@ -1303,6 +1328,13 @@ static int validate_data_and_train(const Config *c, Error *err) {
                      "train.cuda_graphs=on needs the CUDA backend, but device=cpu\n"
                      "HINT: set train.cuda_graphs=auto (on wherever it is supported) or off, or "
                      "device=cuda");
+  if (c->version == 2 && c->recompute != 0)
+    return error_set(err,
+                     "train.recompute = %s: activation checkpointing is built for V1's blocks "
+                     "only, and model.version = 2\n"
+                     "HINT: set train.recompute = none for a V2 model (or lower "
+                     "train.batch_size, with train.accum_steps to keep the batch)",
+                     c->recompute < 0 ? "all" : "a block count");
   if (c->batch_size % c->accum_steps != 0) {
     char choices[64];
     format_multiples_near(choices, sizeof choices, c->batch_size, c->accum_steps);

@@ -28,6 +28,7 @@ typedef struct {
   char gemm_tune[8];  // "off" or "on": the GPU's matrix products timed per shape at first use
 
   // [model]
+  int version;       // 1: Swin (V1); 2: Swin V2 (res-post-norm, cosine attention, CPB MLP)
   int img_h, img_w;  // model.img_size = "32" or "32,48" (H,W)
   int in_chans;
   int patch_size;
@@ -40,6 +41,10 @@ typedef struct {
   bool qkv_bias;
   float drop_path_rate;
   int num_classes;
+  // V2: the window sides the model was pretrained with, per stage (0 = this stage's window),
+  // which the continuous position bias's coordinates are normalized by.
+  int pretrained_windows[CONFIG_MAX_STAGES];
+  int num_pretrained_windows;
 
   // [train]
   int batch_size;   // images per optimizer step, over all ranks

@@ -24,7 +24,56 @@ static void official_to_timm(const char *name, char *out, size_t size) {
 }
 
 static bool is_buffer(const char *name) {
-  return strstr(name, "relative_position_index") || strstr(name, "attn_mask");
+  return strstr(name, "relative_position_index") || strstr(name, "attn_mask") ||
+         strstr(name, "relative_coords_table");
+}
+
+// The Swin version a state dict's block tensors belong to: 2 with V2's position-bias MLP or logit
+// scale, 1 with V1's bias table, 0 when it has neither.
+static int file_version(const SafeTensors *st) {
+  for (int i = 0; i < st->count; i++) {
+    const char *n = st->entries[i].name;
+    if (strstr(n, ".attn.cpb_mlp.") || strstr(n, ".attn.logit_scale")) return 2;
+    if (strstr(n, ".attn.relative_position_bias_table")) return 1;
+  }
+  return 0;
+}
+
+// A V2 source written by swin.c (a checkpoint's "config", an export's "swin.config") whose
+// position-bias coordinates were normalized by other windows than this model's: a notice with
+// the model.pretrained_window_sizes that keeps the source's coordinates (what timm's *to* models
+// and the official fine-tuning configs set). The key stays the user's: nothing is changed.
+static void notice_pretrained_windows(const Model *m, const SafeTensors *st, FILE *log) {
+  const char *ini = safetensors_meta_get(st, "config");
+  if (!ini) ini = safetensors_meta_get(st, "swin.config");
+  Config src;
+  Error ignored;
+  config_defaults(&src);
+  if (!log || !ini || config_load_string(&src, ini, "init_from", &ignored) != 0 ||
+      src.version != 2 || src.num_stages != m->num_stages)
+    return;
+  char theirs[128] = "", ours[128] = "";
+  bool differ = false;
+  for (int s = 0; s < m->num_stages; s++) {
+    int H = (src.img_h / src.patch_size) >> s, W = (src.img_w / src.patch_size) >> s;
+    int sh = H < src.window_size ? H : src.window_size,
+        sw = W < src.window_size ? W : src.window_size;
+    int pw = src.pretrained_windows[src.num_pretrained_windows == 1 ? 0 : s];
+    int was = pw > 0 ? pw : sh;
+    int now = m->cfg.pretrained_windows[m->cfg.num_pretrained_windows == 1 ? 0 : s];
+    const StageGeom *g = &m->stages[s];
+    if (pw == 0 && sh != sw) return;  // rectangular windows: no single side to name
+    differ |= (now > 0 ? now : g->wh) != was || (now > 0 ? now : g->ww) != was;
+    size_t n = strlen(theirs), k = strlen(ours);
+    snprintf(theirs + n, sizeof theirs - n, "%s%d", s ? "," : "", was);
+    snprintf(ours + k, sizeof ours - k, "%s%d", s ? "," : "", now > 0 ? now : g->wh);
+  }
+  if (differ)
+    fprintf(log,
+            "init_from: notice: the source's position-bias coordinates were normalized by "
+            "windows %s, this model's by %s; set model.pretrained_window_sizes=%s to keep the "
+            "source's (as timm's window*to* models and the official fine-tuning configs do)\n",
+            theirs, ours, theirs);
 }
 
 static void shape_text(char *buf, size_t size, int ndim, const int64_t *shape) {
@@ -187,6 +236,18 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
   // weights stay behind (a fresh run; export weights=ema to start from the average).
   const char *format = safetensors_meta_get(&st, "format");
   bool checkpoint = format && strcmp(format, CHECKPOINT_FORMAT) == 0;
+  int version = file_version(&st);
+  if (version && version != m->cfg.version) {
+    error_set(err,
+              "init_from '%s' holds Swin V%d weights (%s), but this model is model.version = %d\n"
+              "HINT: V1 and V2 blocks differ in every layer (V2: res-post-norm, cosine attention, "
+              "the position-bias MLP): start from V%d weights, or set model.version = %d",
+              path, version,
+              version == 2 ? "attn.cpb_mlp, attn.logit_scale" : "attn.relative_position_bias_table",
+              m->cfg.version, m->cfg.version, version);
+    safetensors_free(&st);
+    return -1;
+  }
   bool *seen = calloc_check((size_t)m->num_params, sizeof(bool));
   float *staged = malloc_check(sizeof(float) * (size_t)m->num_floats);
   memcpy(staged, m->weights, sizeof(float) * (size_t)m->num_floats);
@@ -265,6 +326,7 @@ int import_weights(Model *m, const char *path, FILE *log, Error *err) {
       goto done;
     }
   memcpy(m->weights, staged, sizeof(float) * (size_t)m->num_floats);
+  notice_pretrained_windows(m, &st, log);
   if (log) {
     fprintf(log, "init_from: loaded %s (%s)\n", path,
             checkpoint ? "a swin.c checkpoint's weights, without its optimizer state"

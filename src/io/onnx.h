@@ -21,6 +21,14 @@
 //     -> norm2 -> mlp.fc1 Gemm -> exact GELU x * (erf(x / sqrt 2) + 1) * 0.5 (the pattern ONNX
 //        Runtime and TensorRT fuse into one GELU) -> mlp.fc2 Gemm -> residual Add
 //   norm -> head.global_pool ReduceMean over tokens -> head.fc Gemm -> logits
+// Swin V2 (model.version = 2) blocks: [roll] -> window partition of x itself -> attn.qkv Gemm
+// (bias attn.qkv_bias = q_bias, 0, v_bias) -> q, k -> attn.{q,k}_normalized (ReduceL2, Max eps,
+// Div) -> q * attn.logit_scale_clamped_exp (heads, 1, 1) -> MatMul q k^T -> Add the bias as
+// above, from the table 16 sigmoid(cpb_mlp(coords)) -> Softmax -> MatMul v -> attn.proj ->
+// window reverse [+ roll back] -> norm1 -> residual Add -> mlp.fc1, GELU, mlp.fc2 -> norm2 ->
+// residual Add; layers.s.downsample gathers, reduces, then normalizes. What depends on the
+// weights alone (the qkv bias, the clamped logit scales, the position-bias MLP) is computed at
+// export: attn.q_bias, v_bias, logit_scale and cpb_mlp.* are not initializers.
 // Nodes are named after the timm module they compute (patch_embed.proj, layers.0.blocks.1.attn.
 // qkv, head.fc, ...) and each node's output value has the node's name (the last one is
 // "logits"). Initializers are the timm parameters under their timm names and shapes (bit for bit

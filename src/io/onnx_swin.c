@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cosine_attention.h"
 #include "src/base/config.h"
 #include "src/io/onnx.h"
 #include "src/io/safetensors.h"
@@ -269,6 +270,98 @@ static const char *attention(Graph *g, const char *block, const char *x, const S
   return linear(g, fmt(proj, "%s.attn.proj", block), rows, true);
 }
 
+// F.normalize over the last axis: x / max(|x|, eps).
+static const char *l2_normalize(Graph *g, const char *name, const char *x) {
+  Name norm, clamped;
+  OnnxNode *n = node(g, "ReduceL2", fmt(norm, "%s.norm", name), x, NULL);
+  onnx_attr_ints(n, "axes", 1, (int64_t[]){-1});
+  onnx_attr_int(n, "keepdims", 1);
+  node(g, "Max", fmt(clamped, "%s.norm_clamped", name), norm,
+       scalar(g, "f.normalize_eps", COSINE_NORM_EPS), NULL);
+  return node(g, "Div", name, x, clamped, NULL)->name;
+}
+
+// V2's window attention on windows as rows -> the proj output. What depends on the weights
+// alone is computed here once, as timm computes it in every forward: the qkv bias (q_bias, 0,
+// v_bias), each head's exp(min(logit_scale, ln 100)), and the position-bias table 16 sigmoid(
+// cpb_mlp(coords)) (kernels/cosine_attention.h's CPU reference), gathered like V1's table.
+static const char *attention_v2(Graph *g, const char *block, const char *x, const StageGeom *st,
+                                const BlockWeights *w, bool shifted) {
+  int64_t N = st->N, heads = st->heads, hd = st->head_dim, C = st->C;
+  Name module, weight, bias_name, heads5, qkv_t, part[3], qn, kn, qs, scale_name, kt, scores, win,
+      biased, flat, soft, ctx, ctx_t, rows, proj;
+  OnnxNode *qkv_node = node(g, "Gemm", fmt(module, "%s.attn.qkv", block), x,
+                            param(g, fmt(weight, "%s.attn.qkv.weight", block)), NULL);
+  onnx_attr_int(qkv_node, "transB", 1);
+  if (w->q_bias) {
+    float *b = calloc_check((size_t)(3 * C), sizeof *b);
+    memcpy(b, w->q_bias, sizeof *b * (size_t)C);
+    memcpy(b + 2 * C, w->v_bias, sizeof *b * (size_t)C);
+    onnx_node_input(qkv_node, add_values(g, fmt(bias_name, "%s.attn.qkv_bias", block), 1,
+                                         (int64_t[]){3 * C}, b, b)
+                                  ->name);
+  }
+  reshape(g, fmt(heads5, "%s.attn.qkv.heads", block), module, I64(-1, N, 3, heads, hd));
+  transpose(g, fmt(qkv_t, "%s.attn.qkv.transpose", block), heads5, PERM(2, 0, 3, 1, 4));
+  const char *suffix[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; i++) {
+    OnnxNode *n = node(g, "Gather", fmt(part[i], "%s.attn.%s", block, suffix[i]), qkv_t,
+                       ints(g, true, 1, (int64_t[]){i}), NULL);
+    onnx_attr_int(n, "axis", 0);
+  }
+  l2_normalize(g, fmt(qn, "%s.attn.q_normalized", block), part[0]);
+  l2_normalize(g, fmt(kn, "%s.attn.k_normalized", block), part[1]);
+  float *scale = malloc_check(sizeof *scale * (size_t)heads);
+  for (int64_t h = 0; h < heads; h++) scale[h] = expf(fminf(w->logit_scale[h], COSINE_LOGIT_MAX));
+  node(g, "Mul", fmt(qs, "%s.attn.q_scaled", block), qn,
+       add_values(g, fmt(scale_name, "%s.attn.logit_scale_clamped_exp", block), 3,
+                  (int64_t[]){heads, 1, 1}, scale, scale)
+           ->name,
+       NULL);
+  transpose(g, fmt(kt, "%s.attn.k_t", block), kn, PERM(0, 1, 3, 2));
+  const char *s = node(g, "MatMul", fmt(scores, "%s.attn.scores", block), qs, kt, NULL)->name;
+  float *table = malloc_check(sizeof *table * (size_t)(st->cpb_rows * heads));
+  float *hidden = malloc_check(sizeof *hidden * (size_t)st->cpb_rows * CPB_HIDDEN);
+  cpb_forward_cpu(table, hidden, st->cpb_coords, w->cpb_w1, w->cpb_b1, w->cpb_w2, st->cpb_rows,
+                  st->heads);
+  free(hidden);
+  const char *bias = attention_bias(g, block, st, table, shifted);
+  free(table);
+  if (shifted) {
+    s = reshape(g, fmt(win, "%s.attn.scores.windows", block), s, I64(-1, st->nW, heads, N, N));
+    s = node(g, "Add", fmt(biased, "%s.attn.scores_biased", block), s, bias, NULL)->name;
+    s = reshape(g, fmt(flat, "%s.attn.scores_biased.flat", block), s, I64(-1, heads, N, N));
+  } else {
+    s = node(g, "Add", fmt(biased, "%s.attn.scores_biased", block), s, bias, NULL)->name;
+  }
+  OnnxNode *sm = node(g, "Softmax", fmt(soft, "%s.attn.softmax", block), s, NULL);
+  onnx_attr_int(sm, "axis", -1);
+  node(g, "MatMul", fmt(ctx, "%s.attn.context", block), soft, part[2], NULL);
+  transpose(g, fmt(ctx_t, "%s.attn.context.transpose", block), ctx, PERM(0, 2, 1, 3));
+  reshape(g, fmt(rows, "%s.attn.context.rows", block), ctx_t, I64(-1, st->C));
+  return linear(g, fmt(proj, "%s.attn.proj", block), rows, true);
+}
+
+// V2 block (res-post-norm): x1 = x + norm1(attn(x)), out = x1 + norm2(mlp(x1)).
+static const char *block_v2(Graph *g, int s, int j, const char *x) {
+  const StageGeom *st = &g->m->stages[s];
+  const BlockWeights *w = &g->m->w.blocks[st->first_block + j];
+  bool shifted = (j % 2 == 1) && (st->sh || st->sw);
+  bool windows = st->nW > 1;
+  Name prefix, module, res1, fc1, act, fc2;
+  fmt(prefix, "layers.%d.blocks.%d", s, j);
+  const char *h = windows ? window_partition(g, prefix, x, st, shifted) : x;
+  h = attention_v2(g, prefix, h, st, w, shifted);
+  if (windows) h = window_reverse(g, prefix, h, st, shifted);
+  h = layernorm(g, fmt(module, "%s.norm1", prefix), h);
+  const char *x1 = node(g, "Add", fmt(res1, "%s.attn_residual", prefix), x, h, NULL)->name;
+  h = linear(g, fmt(fc1, "%s.mlp.fc1", prefix), x1, true);
+  h = gelu(g, fmt(act, "%s.mlp.act", prefix), h);
+  h = linear(g, fmt(fc2, "%s.mlp.fc2", prefix), h, true);
+  h = layernorm(g, fmt(module, "%s.norm2", prefix), h);
+  return node(g, "Add", prefix, x1, h, NULL)->name;
+}
+
 static const char *block(Graph *g, int s, int j, const char *x) {
   const StageGeom *st = &g->m->stages[s];
   const BlockWeights *w = &g->m->w.blocks[st->first_block + j];
@@ -292,7 +385,8 @@ static const char *block(Graph *g, int s, int j, const char *x) {
 
 // Patch merging at the start of stage s: rows of the previous map (N*H*W, C) -> the 2x2
 // neighbourhoods' channels [x(0::2,0::2), x(1::2,0::2), x(0::2,1::2), x(1::2,1::2)] (timm's
-// reshape(N, H/2, 2, W/2, 2, C).permute(0, 1, 3, 4, 2, 5)), LayerNorm, reduction.
+// reshape(N, H/2, 2, W/2, 2, C).permute(0, 1, 3, 4, 2, 5)), LayerNorm, reduction (V2: reduction,
+// LayerNorm).
 static const char *downsample(Graph *g, int s, const char *x) {
   const StageGeom *p = &g->m->stages[s - 1];
   Name split, perm, rows, norm, red;
@@ -301,6 +395,10 @@ static const char *downsample(Graph *g, int s, const char *x) {
   transpose(g, fmt(perm, "layers.%d.downsample.gather.transpose", s), split,
             PERM(0, 1, 3, 4, 2, 5));
   reshape(g, fmt(rows, "layers.%d.downsample.gather", s), perm, I64(-1, 4 * p->C));
+  if (g->m->cfg.version == 2) {  // reduce, then normalize
+    const char *h = linear(g, fmt(red, "layers.%d.downsample.reduction", s), rows, false);
+    return layernorm(g, fmt(norm, "layers.%d.downsample.norm", s), h);
+  }
   const char *h = layernorm(g, fmt(norm, "layers.%d.downsample.norm", s), rows);
   return linear(g, fmt(red, "layers.%d.downsample.reduction", s), h, false);
 }
@@ -370,7 +468,8 @@ int onnx_build_swin(OnnxModel *om, const Model *m, DType dtype, int64_t batch, E
   x = patch_embed(&g, g.elem == ONNX_FLOAT16 ? "images.f16" : x);
   for (int s = 0; s < m->num_stages; s++) {
     if (m->stages[s].merge) x = downsample(&g, s, x);
-    for (int j = 0; j < m->stages[s].depth; j++) x = block(&g, s, j, x);
+    for (int j = 0; j < m->stages[s].depth; j++)
+      x = c->version == 2 ? block_v2(&g, s, j, x) : block(&g, s, j, x);
   }
   OnnxNode *fc = head(&g, x);
   if (g.elem == ONNX_FLOAT16)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/cosine_attention.h"
 #include "kernels/window.h"
 #include "src/base/nvtx.h"
 #include "src/base/rng.h"
@@ -54,6 +55,15 @@ static void build_geometry(Model *m) {
     if ((g->sh || g->sw) && g->depth > 1) {
       g->mask = malloc_check(sizeof(float) * (size_t)g->nW * (size_t)g->N * (size_t)g->N);
       attention_mask_build(g->mask, g->H, g->W, g->wh, g->ww, g->sh, g->sw);
+    }
+    g->cpb_rows = 0;
+    g->cpb_coords = NULL;
+    if (c->version == 2) {
+      int pw = c->pretrained_windows[c->num_pretrained_windows == 1 ? 0 : s];
+      g->cpb_rows = (2 * g->wh - 1) * (2 * g->ww - 1);
+      g->cpb_coords = malloc_check(sizeof(float) * 2 * (size_t)g->cpb_rows);
+      // config_validate refused the sides that divide by zero.
+      if (cpb_coords_build(g->cpb_coords, g->wh, g->ww, pw, pw) != 0) abort();
     }
   }
   // Stochastic depth rate grows linearly over all blocks: linspace(0, rate, num_blocks).
@@ -125,6 +135,7 @@ static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const in
 #define ZERO PARAM_INIT_ZERO
 #define ONE PARAM_INIT_ONE
 #define CONV PARAM_INIT_CONV_UNIFORM
+#define LOG_TEN PARAM_INIT_LOG_TEN
 
 // Layer ids (Param.layer_id, for train.layer_decay) are those of the official Swin code's
 // layer-wise lr decay (get_swin_layer in microsoft/Swin-Transformer's optimizer.py, with which
@@ -135,6 +146,36 @@ static float *param(ParamWalk *k, bool decay, ParamInit init, int ndim, const in
 // and the head, everything after the blocks, L + 1. timm's group_matcher for Swin (timm's
 // layout, merging at the start of layers.{s}) numbers two groups otherwise: its merging shares
 // the id of the stage's first block, and its final norm that of the last block.
+
+// A V2 block's tensors, in timm's order. The position-bias MLP's weights and the logit scale
+// take no weight decay, as the official code's no_weight_decay_keywords ("cpb_mlp",
+// "logit_scale") say; the res-post-norms start at zero (timm's and the official
+// _init_respostnorm), so every block starts as the identity.
+#define BLK "layers.%d.blocks.%d."
+static void walk_block_v2(ParamWalk *walk, BlockWeights *b, const StageGeom *g, bool qkv_bias,
+                          int s, int j) {
+  ParamWalk k = *walk;
+  int64_t C = g->C, hidden = g->hidden, heads = g->heads;
+  b->logit_scale = PARAM(false, LOG_TEN, heads, 1, 1), BLK "attn.logit_scale", s, j);
+  b->q_bias = qkv_bias ? VEC(ZERO, C, BLK "attn.q_bias", s, j) : NULL;
+  b->v_bias = qkv_bias ? VEC(ZERO, C, BLK "attn.v_bias", s, j) : NULL;
+  b->cpb_w1 = PARAM(false, NORMAL, CPB_HIDDEN, 2), BLK "attn.cpb_mlp.0.weight", s, j);
+  b->cpb_b1 = VEC(ZERO, CPB_HIDDEN, BLK "attn.cpb_mlp.0.bias", s, j);
+  b->cpb_w2 = PARAM(false, NORMAL, heads, CPB_HIDDEN), BLK "attn.cpb_mlp.2.weight", s, j);
+  b->qkv_w = PARAM(true, NORMAL, 3 * C, C), BLK "attn.qkv.weight", s, j);
+  b->qkv_b = b->rel_table = NULL;
+  b->proj_w = PARAM(true, NORMAL, C, C), BLK "attn.proj.weight", s, j);
+  b->proj_b = VEC(ZERO, C, BLK "attn.proj.bias", s, j);
+  b->norm1_w = VEC(ZERO, C, BLK "norm1.weight", s, j);
+  b->norm1_b = VEC(ZERO, C, BLK "norm1.bias", s, j);
+  b->fc1_w = PARAM(true, NORMAL, hidden, C), BLK "mlp.fc1.weight", s, j);
+  b->fc1_b = VEC(ZERO, hidden, BLK "mlp.fc1.bias", s, j);
+  b->fc2_w = PARAM(true, NORMAL, C, hidden), BLK "mlp.fc2.weight", s, j);
+  b->fc2_b = VEC(ZERO, C, BLK "mlp.fc2.bias", s, j);
+  b->norm2_w = VEC(ZERO, C, BLK "norm2.weight", s, j);
+  b->norm2_b = VEC(ZERO, C, BLK "norm2.bias", s, j);
+  *walk = k;
+}
 
 // Walks every parameter in forward order: fills table when non-NULL, binds w to base when both
 // are non-NULL. Returns the number of parameter tensors; sets m->num_floats and m->num_values.
@@ -152,7 +193,12 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
     int64_t C = g->C;
-    if (g->merge) {
+    if (g->merge && c->version == 2) {  // reduce, then normalize
+      k.layer_id = g->first_block;
+      w->merge_w[s] = PARAM(true, NORMAL, C, 2 * C), "layers.%d.downsample.reduction.weight", s);
+      w->merge_norm_w[s] = VEC(ONE, C, "layers.%d.downsample.norm.weight", s);
+      w->merge_norm_b[s] = VEC(ZERO, C, "layers.%d.downsample.norm.bias", s);
+    } else if (g->merge) {
       int64_t C4 = 2 * C;           // 4 * previous width
       k.layer_id = g->first_block;  // the previous stage's last block
       w->merge_norm_w[s] = VEC(ONE, C4, "layers.%d.downsample.norm.weight", s);
@@ -163,7 +209,10 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
       BlockWeights unused_block, *b = w->blocks ? &w->blocks[g->first_block + j] : &unused_block;
       int64_t table_rows = (int64_t)(2 * g->wh - 1) * (2 * g->ww - 1), hidden = g->hidden;
       k.layer_id = g->first_block + j + 1;
-#define BLK "layers.%d.blocks.%d."
+      if (c->version == 2) {
+        walk_block_v2(&k, b, g, c->qkv_bias, s, j);
+        continue;
+      }
       b->norm1_w = VEC(ONE, C, BLK "norm1.weight", s, j);
       b->norm1_b = VEC(ZERO, C, BLK "norm1.bias", s, j);
       b->rel_table = PARAM(false, NORMAL, table_rows, g->heads), BLK "attn.relative_position_bias_table",
@@ -178,7 +227,6 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
       b->fc1_b = VEC(ZERO, hidden, BLK "mlp.fc1.bias", s, j);
       b->fc2_w = PARAM(true, NORMAL, C, hidden), BLK "mlp.fc2.weight", s, j);
       b->fc2_b = VEC(ZERO, C, BLK "mlp.fc2.bias", s, j);
-#undef BLK
     }
   }
   int64_t Cl = m->stages[m->num_stages - 1].C;
@@ -191,12 +239,14 @@ static int walk_params(Model *m, Param *table, Weights *w, float *base) {
   m->num_values = k.values;
   return k.index;
 }
+#undef BLK
 #undef PARAM
 #undef VEC
 #undef NORMAL
 #undef ZERO
 #undef ONE
 #undef CONV
+#undef LOG_TEN
 
 // ---------------------------------------------------------------------------------------------
 // Activations: one plan assigns every saved tensor and scratch buffer; run once to count bytes
@@ -252,6 +302,28 @@ static void plan_block(ActPlan *p, BlockActs *b, const StageGeom *g, int B, int 
   // dp_attn and dp_mlp point into drop_scales at each training forward (bind_drop_scales).
 }
 
+// A V2 block's saved activations (BlockActs), all its own (V2 has no recompute).
+static void plan_block_v2(ActPlan *p, BlockActs *b, const StageGeom *g, int B, int s, int j) {
+  int64_t L = (int64_t)g->H * g->W, BL = B * L, C = g->C, BW = (int64_t)B * g->nW;
+  Backend *be = p->m->be;
+  b->xw = ACT(p, (BW, g->N, C), "layers.%d.blocks.%d.x_windows", s, j);
+  b->qkv = ACT(p, (BW, g->N, 3 * C), "layers.%d.blocks.%d.qkv", s, j);
+  b->qk_norms = F32(p, (BL, 2, g->heads), "layers.%d.blocks.%d.qk_norms", s, j);
+  b->cpb_hidden = F32(p, (g->cpb_rows, CPB_HIDDEN), "layers.%d.blocks.%d.cpb_hidden", s, j);
+  b->cpb_table = F32(p, (g->cpb_rows, g->heads), "layers.%d.blocks.%d.cpb_table", s, j);
+  b->att = F32(p, (be->ops->attention_saved_floats(be, (int)BW, g->N, g->C, g->heads)),
+               "layers.%d.blocks.%d.attn_saved", s, j);
+  b->attn_out = ACT(p, (BW, g->N, C), "layers.%d.blocks.%d.attn_out", s, j);
+  b->proj = ACT(p, (BW, g->N, C), "layers.%d.blocks.%d.proj", s, j);
+  b->ln1_mean = F32(p, (BL), "layers.%d.blocks.%d.ln1_mean", s, j);
+  b->ln1_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln1_rstd", s, j);
+  b->x1 = ACT(p, (B, L, C), "layers.%d.blocks.%d.x1", s, j);
+  b->fc1 = ACT(p, (B, L, g->hidden), "layers.%d.blocks.%d.fc1", s, j);
+  b->fc2 = ACT(p, (B, L, C), "layers.%d.blocks.%d.fc2", s, j);
+  b->ln2_mean = F32(p, (BL), "layers.%d.blocks.%d.ln2_mean", s, j);
+  b->ln2_rstd = F32(p, (BL), "layers.%d.blocks.%d.ln2_rstd", s, j);
+}
+
 // The set every recomputed block's views share (Activations.rebuilt): each buffer as large as
 // the largest stage with a recomputed block needs it, flat.
 static void plan_rebuilt(ActPlan *p, BlockActs *r, int B) {
@@ -292,17 +364,22 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
   x->pe_mean = F32(p, (B * L0), "patch_embed.ln_mean");
   x->pe_rstd = F32(p, (B * L0), "patch_embed.ln_rstd");
   x->drop_scales = F32(p, (2 * (int64_t)m->num_blocks, B), "drop_path_scales");
-  int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0;
+  int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0, max_table = 0;
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
     int64_t L = (int64_t)g->H * g->W, BL = B * L, C = g->C;
     if (g->merge) {
       x->merge_ln[s] = ACT(p, (B, L, 2 * C), "layers.%d.downsample", s);
+      if (c->version == 2) x->merge_red[s] = ACT(p, (B, L, C), "layers.%d.downsample.reduction", s);
       x->merge_mean[s] = F32(p, (BL), "layers.%d.downsample.ln_mean", s);
       x->merge_rstd[s] = F32(p, (BL), "layers.%d.downsample.ln_rstd", s);
     }
     for (int j = 0; j < g->depth; j++) {
       BlockActs *b = &x->blocks[g->first_block + j];
+      if (c->version == 2) {
+        plan_block_v2(p, b, g, B, s, j);
+        continue;
+      }
       b->x = ACT(p, (B, L, C), "layers.%d.blocks.%d.x", s, j);
       if (!recompute || !m->block_recompute[g->first_block + j]) plan_block(p, b, g, B, s, j);
     }
@@ -310,6 +387,7 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
     if (BL * C > max_lc) max_lc = BL * C;
     if (BL * g->hidden > max_hidden) max_hidden = BL * g->hidden;
     if (BL * 3 * C > max_qkv) max_qkv = BL * 3 * C;
+    if ((int64_t)g->cpb_rows * g->heads > max_table) max_table = (int64_t)g->cpb_rows * g->heads;
   }
   const StageGeom *last = &m->stages[m->num_stages - 1];
   int64_t Ll = (int64_t)last->H * last->W, BLl = B * Ll;
@@ -320,16 +398,22 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
   x->logits = F32(p, (B, c->num_classes), "logits");
   x->dlogits = F32(p, (B, c->num_classes), "logits.grad");
   // The shared buffers hold the largest of their uses (flat).
-  x->xw = ACT(p, (max_lc), "shared.ln1_windows");
-  x->ln2 = ACT(p, (max_lc), "shared.ln2");
+  if (c->version == 1) {
+    x->xw = ACT(p, (max_lc), "shared.ln1_windows");
+    x->ln2 = ACT(p, (max_lc), "shared.ln2");
+    x->branch = ACT(p, (max_lc), "shared.branch");
+  }
   x->hidden = ACT(p, (max_hidden), "shared.gelu");
-  x->branch = ACT(p, (max_lc), "shared.branch");
   x->dres = F32(p, (max_lc), "shared.residual.grad");
   x->dbranch = ACT(p, (max_lc), "shared.branch.grad");
   x->dln = ACT(p, (max_lc), "shared.ln.grad");
   x->dattn = ACT(p, (max_lc), "shared.attn.grad");
   x->dhidden = ACT(p, (max_hidden), "shared.hidden.grad");
   x->dqkv = ACT(p, (max_qkv), "shared.qkv.grad");
+  if (c->version == 2) {
+    x->stream = ACT(p, (max_lc), "shared.residual");
+    x->dtable = F32(p, (max_table), "shared.cpb_table.grad");
+  }
   x->rebuilt = (BlockActs){0};
   if (recompute) plan_rebuilt(p, &x->rebuilt, B);
   for (int gi = 0; recompute && gi < m->num_blocks; gi++) {
@@ -435,6 +519,11 @@ static void register_regions(const Model *m) {
       t = tensor_view(g->mask_be, DTYPE_F32, be->device, name, 3, SHAPE(g->nW, g->N, g->N));
       backend_check_register(be, &t);
     }
+    if (g->cpb_coords_be) {
+      snprintf(name, sizeof name, "layers.%d.attn.relative_coords_table", s);
+      t = tensor_view(g->cpb_coords_be, DTYPE_F32, be->device, name, 2, SHAPE(g->cpb_rows, 2));
+      backend_check_register(be, &t);
+    }
   }
   Tensor t = tensor_view(m->block_drop_be, DTYPE_F32, be->device, "drop_path.rates", 1,
                          SHAPE(m->num_blocks));
@@ -482,6 +571,8 @@ int model_create(Model *m, const Config *cfg, Backend *be, int max_batch, Error 
     g->index_be = backend_copy(be, g->rel_index, sizeof(int) * (size_t)g->N * (size_t)g->N);
     if (g->mask)
       g->mask_be = backend_copy(be, g->mask, sizeof(float) * (size_t)g->nW * g->N * g->N);
+    if (g->cpb_coords)
+      g->cpb_coords_be = backend_copy(be, g->cpb_coords, sizeof(float) * 2 * (size_t)g->cpb_rows);
   }
   m->block_drop_be = backend_copy(be, m->block_drop, sizeof(float) * (size_t)m->num_blocks);
   Arena counting = {.name = "activations (counting)"}, without = counting;
@@ -510,9 +601,11 @@ void model_destroy(Model *m) {
   for (int s = 0; s < m->num_stages; s++) {
     free(m->stages[s].rel_index);
     free(m->stages[s].mask);
+    free(m->stages[s].cpb_coords);
     if (be) {
       release_backend(be, m->stages[s].index_be);
       release_backend(be, m->stages[s].mask_be);
+      release_backend(be, m->stages[s].cpb_coords_be);
     }
   }
   if (be) {
@@ -594,6 +687,9 @@ void model_init_weights(Model *m, uint64_t seed) {
       }
       case PARAM_INIT_ONE:
         for (int64_t j = 0; j < n; j++) x[j] = 1.0f;
+        break;
+      case PARAM_INIT_LOG_TEN:
+        for (int64_t j = 0; j < n; j++) x[j] = (float)log(10.0);
         break;
       case PARAM_INIT_ZERO:
         memset(x, 0, sizeof(float) * (size_t)n);
@@ -681,6 +777,44 @@ static void block_forward(Model *m, const StageGeom *g, int j, int B) {
                              BL, g->hidden, g->C, ACTIVATION_NONE, NULL);
 }
 
+// A V2 block (res-post-norm) from its windows a->xw and the residual stream (x->stream, in token
+// order) to its output: x1 = x + dp * LN1(proj(attention)), out = x1 + dp * LN2(mlp(x1)), each a
+// postnorm_residual. The output goes to `out`; with next (block j + 1's windows), also in its
+// window order to next_xw, the next block's input.
+static void block_forward_v2(Model *m, const StageGeom *g, int j, int B, void *out, void *next_xw) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  BlockActs *a = &x->blocks[gi];
+  const BlockWeights *w = &m->w.blocks[gi];
+  int C = g->C, BW = B * g->nW;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j), next = block_windows(g, j + 1);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
+  bool dp = m->drop_path_active;
+
+  ops->cpb_forward(be, a->cpb_table, a->cpb_hidden, g->cpb_coords_be, w->cpb_w1, w->cpb_b1,
+                   w->cpb_w2, g->cpb_rows, g->heads);
+  ops->linear_forward(be, a->qkv, a->xw, model_compute_weight(m, w->qkv_w), NULL, BL, C, 3 * C,
+                      ACTIVATION_NONE, NULL);
+  ops->cosine_qk_forward(be, a->qkv, a->qk_norms, w->q_bias, w->v_bias, w->logit_scale, BL, C,
+                         g->heads);
+  ops->attention_forward(be, a->attn_out, a->att, a->qkv, a->cpb_table, g->index_be, mask, BW,
+                         g->nW, g->N, C, g->heads, 1.0f);
+  ops->linear_forward(be, a->proj, a->attn_out, model_compute_weight(m, w->proj_w),
+                      model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
+  ops->postnorm_residual_forward(be, a->x1, NULL, a->ln1_mean, a->ln1_rstd, x->stream, a->proj, &wm,
+                                 dp ? a->dp_attn : NULL, w->norm1_w, w->norm1_b, NULL, B, L, C);
+  ops->linear_forward(be, x->hidden, a->x1, model_compute_weight(m, w->fc1_w),
+                      model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
+  ops->linear_forward(be, a->fc2, x->hidden, model_compute_weight(m, w->fc2_w),
+                      model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
+  ops->postnorm_residual_forward(be, out, next_xw, a->ln2_mean, a->ln2_rstd, a->x1, a->fc2, NULL,
+                                 dp ? a->dp_mlp : NULL, w->norm2_w, w->norm2_b,
+                                 next_xw ? &next : NULL, B, L, C);
+}
+
 static const char *const stage_names[CONFIG_MAX_STAGES] = {
     "stage 0", "stage 1", "stage 2", "stage 3", "stage 4", "stage 5", "stage 6", "stage 7"};
 
@@ -703,6 +837,56 @@ Normalize model_input_normalize(const Config *cfg) {
     norm.std[c] = cfg->std[cfg->num_mean == 1 ? 0 : c];
   }
   return norm;
+}
+
+// Head: mean over tokens, linear, in f32.
+static void model_head_forward(Model *m, int B) {
+  const StageGeom *g = &m->stages[m->num_stages - 1];
+  m->be->ops->head_forward(m->be, m->acts.logits, m->acts.pooled, m->acts.norm_out, m->w.head_w,
+                           m->w.head_b, B, g->H * g->W, g->C, m->cfg.num_classes);
+}
+
+// V2 after the patch embedding's linear (x->pe): its LayerNorm into the residual stream and the
+// first block's windows; per stage the merging (gather, reduce, LayerNorm likewise) and the
+// blocks; the final LayerNorm; the head.
+static void model_forward_v2(Model *m, int B) {
+  const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  const Weights *w = &m->w;
+  WindowMap first = block_windows(&m->stages[0], 0);
+  ops->postnorm_residual_forward(be, x->stream, x->blocks[0].xw, x->pe_mean, x->pe_rstd, NULL,
+                                 x->pe, NULL, NULL, w->patch_norm_w, w->patch_norm_b, &first, B,
+                                 (int64_t)m->Hp * m->Wp, c->embed_dim);
+  for (int s = 0; s < m->num_stages; s++) {
+    NVTX_PUSH(stage_names[s]);
+    const StageGeom *g = &m->stages[s];
+    int64_t L = (int64_t)g->H * g->W;
+    BlockActs *a0 = &x->blocks[g->first_block];
+    if (g->merge) {
+      const StageGeom *p = &m->stages[s - 1];
+      WindowMap wm = block_windows(g, 0);
+      ops->patch_merge_forward(be, x->merge_ln[s], x->stage_out[s - 1], B, p->H, p->W, p->C);
+      ops->linear_forward(be, x->merge_red[s], x->merge_ln[s],
+                          model_compute_weight(m, w->merge_w[s]), NULL, B * L, 4 * p->C, g->C,
+                          ACTIVATION_NONE, NULL);
+      ops->postnorm_residual_forward(be, x->stream, a0->xw, x->merge_mean[s], x->merge_rstd[s],
+                                     NULL, x->merge_red[s], NULL, NULL, w->merge_norm_w[s],
+                                     w->merge_norm_b[s], &wm, B, L, g->C);
+    }
+    for (int j = 0; j < g->depth; j++) {
+      bool last = j == g->depth - 1;
+      block_forward_v2(m, g, j, B, last ? x->stage_out[s] : x->stream,
+                       last ? NULL : x->blocks[g->first_block + j + 1].xw);
+    }
+    NVTX_POP();
+  }
+  const StageGeom *g = &m->stages[m->num_stages - 1];
+  ops->residual_layernorm_forward(be, NULL, x->norm_out, x->norm_mean, x->norm_rstd,
+                                  x->stage_out[m->num_stages - 1], NULL, NULL, NULL, w->norm_w,
+                                  w->norm_b, NULL, B, (int64_t)g->H * g->W, g->C);
+  model_head_forward(m, B);
 }
 
 void model_forward(Model *m, const void *input, DType input_dtype, Normalize norm, int B,
@@ -729,6 +913,11 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
   ops->linear_forward(be, x->pe, x->patches, model_compute_weight(m, w->patch_w),
                       model_compute_weight(m, w->patch_b), B * L0, m->patch_dim, E, ACTIVATION_NONE,
                       NULL);
+  if (c->version == 2) {
+    model_forward_v2(m, B);
+    NVTX_POP();
+    return;
+  }
   ops->residual_layernorm_forward(be, NULL, x->blocks[0].x, x->pe_mean, x->pe_rstd, x->pe, NULL,
                                   NULL, NULL, w->patch_norm_w, w->patch_norm_b, NULL, B, L0, E);
 
@@ -759,10 +948,7 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
     NVTX_POP();
   }
 
-  // Head: mean over tokens, linear, in f32.
-  const StageGeom *g = &m->stages[m->num_stages - 1];
-  ops->head_forward(be, x->logits, x->pooled, x->norm_out, w->head_w, w->head_b, B, g->H * g->W,
-                    g->C, c->num_classes);
+  model_head_forward(m, B);
   NVTX_POP();
 }
 
@@ -867,6 +1053,99 @@ static void grads_final_from(Model *m, bool report, const float *lowest) {
   if (report && m->grads_ready) m->grads_ready(m->grads_ready_ctx, lowest - m->grads);
 }
 
+// V2 block j's backward. On entry dres holds d(block output) along the residual and, for
+// j < depth - 1, x->dln holds d(block j + 1's windows) (from its qkv linear), which both add up
+// to the gradient of the output; on return dres holds d(block input) along the residual and
+// x->dln d(this block's windows), for the unit below (postnorm_residual_backward adds them).
+static void block_backward_v2(Model *m, const StageGeom *g, int j, int B) {
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  BlockWeights *gw = &m->g.blocks[gi];
+  BlockActs *a = &x->blocks[gi];
+  int C = g->C, BW = B * g->nW;
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  WindowMap wm = block_windows(g, j), next = block_windows(g, j + 1);
+  const float *mask = wm.sh || wm.sw ? g->mask_be : NULL;
+  bool dp = m->drop_path_active, has_next = j < g->depth - 1;
+
+  // MLP unit: LN2 (d(fc2 output) to dbranch, summed into fc2's bias gradient), fc2 through GELU,
+  // fc1 (d(x1) from the MLP to dattn).
+  ops->postnorm_residual_backward(be, x->dres, x->dbranch, gw->fc2_b, gw->norm2_w, gw->norm2_b,
+                                  x->dres, has_next ? x->dln : NULL, has_next ? &next : NULL,
+                                  a->fc2, w->norm2_w, a->ln2_mean, a->ln2_rstd, NULL,
+                                  dp ? a->dp_mlp : NULL, B, L, C);
+  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
+                            model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
+  ops->linear_backward(be, x->dattn, gw->fc1_w, NULL, x->dhidden, a->x1,
+                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
+  // Attention unit: LN1 (d(proj output) in window order to dbranch, summed into proj's bias
+  // gradient), proj, attention (the table's gradient to dtable), the cosine q/k, the position
+  // bias MLP, qkv (d(windows) to dln).
+  ops->postnorm_residual_backward(be, x->dres, x->dbranch, gw->proj_b, gw->norm1_w, gw->norm1_b,
+                                  x->dres, x->dattn, NULL, a->proj, w->norm1_w, a->ln1_mean,
+                                  a->ln1_rstd, &wm, dp ? a->dp_attn : NULL, B, L, C);
+  ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
+                       model_compute_weight(m, w->proj_w), BL, C, C);
+  ops->zero(be, x->dtable, sizeof(float) * (size_t)g->cpb_rows * (size_t)g->heads);
+  ops->attention_backward(be, x->dqkv, NULL, x->dtable, x->dattn, a->qkv, a->attn_out, a->cpb_table,
+                          g->index_be, mask, a->att, BW, g->nW, g->N, C, g->heads, 1.0f);
+  ops->cosine_qk_backward(be, x->dqkv, gw->q_bias, gw->v_bias, gw->logit_scale, a->qkv, a->qk_norms,
+                          w->logit_scale, BL, C, g->heads);
+  ops->cpb_backward(be, gw->cpb_w1, gw->cpb_b1, gw->cpb_w2, x->dtable, a->cpb_table, a->cpb_hidden,
+                    g->cpb_coords_be, w->cpb_w2, g->cpb_rows, g->heads);
+  ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, a->xw,
+                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
+}
+
+// V2's backward from d(final norm output) in dln: the final LayerNorm, then per stage the blocks
+// and the merging's LayerNorm (d(reduction) to dbranch), reduction and gather (d(previous stage
+// output) to dres), and last the patch embedding's LayerNorm and linear.
+static void model_backward_v2(Model *m, int B, bool report) {
+  const Config *c = &m->cfg;
+  Backend *be = m->be;
+  const BackendOps *ops = be->ops;
+  Activations *x = &m->acts;
+  const Weights *w = &m->w;
+  Weights *gw = &m->g;
+  const StageGeom *last = &m->stages[m->num_stages - 1];
+  ops->residual_layernorm_backward(be, x->dres, NULL, NULL, gw->norm_w, gw->norm_b, NULL, x->dln,
+                                   x->stage_out[m->num_stages - 1], w->norm_w, x->norm_mean,
+                                   x->norm_rstd, NULL, NULL, NULL, B, (int64_t)last->H * last->W,
+                                   last->C);
+  for (int s = m->num_stages - 1; s >= 0; s--) {
+    NVTX_PUSH(stage_names[s]);
+    const StageGeom *g = &m->stages[s];
+    int64_t L = (int64_t)g->H * g->W;
+    for (int j = g->depth - 1; j >= 0; j--) {
+      block_backward_v2(m, g, j, B);
+      grads_final_from(m, report, gw->blocks[g->first_block + j].logit_scale);  // its first
+    }
+    WindowMap wm = block_windows(g, 0);
+    if (g->merge) {
+      const StageGeom *p = &m->stages[s - 1];
+      ops->postnorm_residual_backward(be, NULL, x->dbranch, NULL, gw->merge_norm_w[s],
+                                      gw->merge_norm_b[s], x->dres, x->dln, &wm, x->merge_red[s],
+                                      w->merge_norm_w[s], x->merge_mean[s], x->merge_rstd[s], NULL,
+                                      NULL, B, L, g->C);
+      ops->linear_backward(be, x->dattn, gw->merge_w[s], NULL, x->dbranch, x->merge_ln[s],
+                           model_compute_weight(m, w->merge_w[s]), B * L, 4 * p->C, g->C);
+      ops->patch_merge_backward(be, x->dres, x->dattn, B, p->H, p->W, p->C);
+      grads_final_from(m, report, gw->merge_w[s]);
+    } else {
+      ops->postnorm_residual_backward(
+          be, NULL, x->dbranch, gw->patch_b, gw->patch_norm_w, gw->patch_norm_b, x->dres, x->dln,
+          &wm, x->pe, w->patch_norm_w, x->pe_mean, x->pe_rstd, NULL, NULL, B, L, c->embed_dim);
+      ops->linear_backward(be, NULL, gw->patch_w, NULL, x->dbranch, x->patches,
+                           model_compute_weight(m, w->patch_w), B * L, m->patch_dim, c->embed_dim);
+      grads_final_from(m, report, m->grads);
+    }
+    NVTX_POP();
+  }
+}
+
 void model_backward(Model *m, int B, bool report) {
   NVTX_PUSH("backward");
   const Config *c = &m->cfg;
@@ -880,6 +1159,11 @@ void model_backward(Model *m, int B, bool report) {
   // Head: linear and mean pool -> d(final norm output) in dln.
   ops->head_backward(be, x->dln, gw->head_w, gw->head_b, x->dlogits, x->pooled, w->head_w, B,
                      last->H * last->W, last->C, c->num_classes);
+  if (c->version == 2) {
+    model_backward_v2(m, B, report);
+    NVTX_POP();
+    return;
+  }
 
   for (int s = m->num_stages - 1; s >= 0; s--) {
     NVTX_PUSH(stage_names[s]);
@@ -946,7 +1230,13 @@ double model_train_flops(const Model *m, int B) {
     macs += g->depth * (L * C * 3 * C + 2 * L * g->N * C + L * C * C + 2 * L * C * H);
   }
   macs += (double)m->stages[m->num_stages - 1].C * c->num_classes;
-  return 2.0 * 3.0 * macs * B;
+  // V2's position-bias MLP runs once per block whatever the batch: 2 -> 512 -> heads per row.
+  double cpb_macs = 0;
+  for (int s = 0; s < m->num_stages; s++) {
+    const StageGeom *g = &m->stages[s];
+    cpb_macs += (double)g->depth * g->cpb_rows * CPB_HIDDEN * (2.0 + g->heads);
+  }
+  return 2.0 * 3.0 * (macs * B + cpb_macs);
 }
 
 float model_layer_lr_scale(const Model *m, int layer_id, float layer_decay) {
@@ -1009,9 +1299,10 @@ static int64_t params_with_prefix(const Model *m, const char *prefix) {
 void model_print_summary(const Model *m, FILE *out) {
   const Config *c = &m->cfg;
   char count[32], buf[64];
-  fprintf(out, "model: Swin, image %dx%dx%d, patch %d, embed %d, window %d, mlp %.4g, %d classes\n",
-          c->img_h, c->img_w, c->in_chans, c->patch_size, c->embed_dim, c->window_size,
-          (double)c->mlp_ratio, c->num_classes);
+  fprintf(out,
+          "model: Swin%s, image %dx%dx%d, patch %d, embed %d, window %d, mlp %.4g, %d classes\n",
+          c->version == 2 ? " V2" : "", c->img_h, c->img_w, c->in_chans, c->patch_size,
+          c->embed_dim, c->window_size, (double)c->mlp_ratio, c->num_classes);
   fprintf(out, "  %-12s %-9s %6s %6s %6s %9s %8s %10s %14s\n", "stage", "tokens", "width", "depth",
           "heads", "window", "shift", "drop_path", "params");
   format_count(count, sizeof count, params_with_prefix(m, "patch_embed."));

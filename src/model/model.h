@@ -8,6 +8,13 @@
 // over tokens and a linear head. Inside a stage each side's window is min(side, window_size); odd
 // blocks shift by window_size / 2 along a side only when that side is larger than the window.
 //
+// model.version picks the block. V1 (SwinTransformer): pre-norm, x += attn(LN1(x)), x +=
+// mlp(LN2(x)); attention softmax(q k^T / sqrt(hd) + table[index] + mask) v with a learned bias
+// table; merging gathers 2x2, normalizes, then reduces. V2 (SwinTransformerV2): res-post-norm,
+// x += LN1(attn(x)), x += LN2(mlp(x)); scaled cosine attention, normalize(q) normalize(k)^T
+// exp(min(logit_scale, ln 100)) + 16 sigmoid(cpb_mlp(coords))[index] + mask, with q and v biases
+// (no k bias); merging gathers 2x2, reduces, then normalizes (kernels/cosine_attention.h).
+//
 // Parameters live in one buffer laid out in forward order, so the gradients backward produces
 // fill the mirror buffer from its end towards its start: gradient buckets are contiguous ranges.
 // Each tensor starts at a multiple of MODEL_PARAM_ALIGN floats (the gaps stay zero), so every
@@ -35,14 +42,23 @@ typedef struct {
   float *mask;      // (nW, N, N) for shifted blocks, NULL when the stage never shifts
   int *index_be;    // rel_index and mask in backend memory (NULL without a backend)
   float *mask_be;
+  // V2: the continuous position bias's input, (cpb_rows = (2wh-1)(2ww-1), 2) log-spaced relative
+  // coordinates normalized by the pretrained window (model.pretrained_window_sizes) or this one.
+  int cpb_rows;
+  float *cpb_coords, *cpb_coords_be;
 } StageGeom;
 
 #define MODEL_PARAM_ALIGN 128
 
 typedef struct {
   float *norm1_w, *norm1_b;  // (C)
-  float *qkv_w, *qkv_b;      // (3C, C), (3C) or NULL without qkv_bias
-  float *rel_table;          // ((2wh-1)(2ww-1), heads)
+  float *qkv_w, *qkv_b;      // (3C, C), (3C) or NULL without qkv_bias (V1)
+  float *rel_table;          // ((2wh-1)(2ww-1), heads) (V1)
+  // V2: q and v biases (C each, NULL without qkv_bias), the per-head logit scale (heads, 1, 1),
+  // the position-bias MLP Linear(2, 512) (512, 2) + (512) -> ReLU -> Linear(512, heads) (heads,
+  // 512).
+  float *q_bias, *v_bias, *logit_scale;
+  float *cpb_w1, *cpb_b1, *cpb_w2;
   float *proj_w, *proj_b;    // (C, C), (C)
   float *norm2_w, *norm2_b;  // (C)
   float *fc1_w, *fc1_b;      // (hidden, C), (hidden)
@@ -53,9 +69,10 @@ typedef struct {
 typedef struct {
   float *patch_w, *patch_b;            // (E, Cin*p*p) = conv (E, Cin, p, p), (E)
   float *patch_norm_w, *patch_norm_b;  // (E)
-  // Patch merging of stage s (width C = 2 * the previous width): LayerNorm over the 2C = 4
-  // previous-width channels of each 2x2 neighbourhood, then a linear 2C -> C without bias.
-  float *merge_norm_w[CONFIG_MAX_STAGES], *merge_norm_b[CONFIG_MAX_STAGES];  // (2C)
+  // Patch merging of stage s (width C = 2 * the previous width): V1 normalizes the 2C = 4
+  // previous-width channels of each 2x2 neighbourhood, then reduces them 2C -> C without bias;
+  // V2 reduces, then normalizes the C channels.
+  float *merge_norm_w[CONFIG_MAX_STAGES], *merge_norm_b[CONFIG_MAX_STAGES];  // V1 (2C), V2 (C)
   float *merge_w[CONFIG_MAX_STAGES];                                         // (C, 2C)
   BlockWeights *blocks;    // one per block, stages in order
   float *norm_w, *norm_b;  // (C_last)
@@ -68,6 +85,7 @@ typedef enum {
   PARAM_INIT_ZERO,          // biases, LayerNorm biases
   PARAM_INIT_ONE,           // LayerNorm weights
   PARAM_INIT_CONV_UNIFORM,  // PyTorch's Conv2d default, U(+-1/sqrt(fan_in)): the patch conv
+  PARAM_INIT_LOG_TEN,       // ln 10: V2's logit scale
 } ParamInit;
 
 // One row of the parameter table. The tensor is the description: timm's state-dict name, F32
@@ -94,8 +112,15 @@ typedef struct {
 // the block's forward once more from x: the same ops on the same inputs, so the same bits. The
 // LayerNorm statistics are not kept either: the LayerNorm that rebuilds LN1's windows (and the
 // attention residual's LN2) computes them anyway.
+//
+// A V2 block keeps: xw, its input in its window order (B*nW, N, C) act (qkv's input; x is
+// unused); qkv after cosine_qk_forward (normalized and scaled q, k, biased v); qk_norms; att;
+// attn_out; proj, the attention branch (B*nW, N, C) act, LN1's input (ln1_* its statistics, in
+// token order); x1; fc1; fc2, the MLP branch (B, L, C) act, LN2's input (ln2_*); the position
+// bias table cpb_table (cpb_rows, heads) f32 and the MLP's hidden layer cpb_hidden (cpb_rows,
+// 512) f32 it came from.
 typedef struct {
-  void *x;                     // block input (B, L, C) act: LN1's input
+  void *x;                     // block input (B, L, C) act: LN1's input (V1)
   float *ln1_mean, *ln1_rstd;  // (B*L)
   void *qkv;                   // (B*nW, N, 3C) act
   float *att;                  // what the backend saves of the softmax (attention_saved_floats)
@@ -104,13 +129,19 @@ typedef struct {
   float *ln2_mean, *ln2_rstd;  // (B*L)
   void *fc1;                   // pre-GELU (B, L, hidden) act
   float *dp_attn, *dp_mlp;     // drop-path scales (B), NULL when the block's rate is 0
+  // V2 only (above)
+  void *xw, *proj, *fc2;
+  float *qk_norms;  // (B*nW*N, 2, heads): |q| and |k| before normalization
+  float *cpb_table, *cpb_hidden;
 } BlockActs;
 
 typedef struct {
   void *patches;  // (B, Hp, Wp, Cin*p*p) act
   void *pe;       // patch linear output (B, L0, E) act: the patch LayerNorm's input
   float *pe_mean, *pe_rstd;
-  void *merge_ln[CONFIG_MAX_STAGES];  // merged 2x2 + LayerNorm (B, L_s, 4C_{s-1}) act
+  // V1: merged 2x2 + LayerNorm (B, L_s, 4C_{s-1}) act; V2: merged 2x2 (the same shape), whose
+  // reduction merge_red (B, L_s, C_s) act is what the LayerNorm (merge_mean, merge_rstd) reads.
+  void *merge_ln[CONFIG_MAX_STAGES], *merge_red[CONFIG_MAX_STAGES];
   float *merge_mean[CONFIG_MAX_STAGES], *merge_rstd[CONFIG_MAX_STAGES];
   BlockActs *blocks;
   void *stage_out[CONFIG_MAX_STAGES];  // each stage's output (B, L_s, C_s) act
@@ -134,6 +165,10 @@ typedef struct {
   void *dhidden;   // gradient of the MLP hidden layer (B, L, hidden) act
   void *dqkv;      // (B, L, 3C) act
   float *dlogits;  // (B, classes)
+  // V2: the residual stream between the stage input, the blocks' x1 and their outputs (B, L, C)
+  // act, and the gradient of a block's position-bias table (cpb_rows, heads) f32.
+  void *stream;
+  float *dtable;
 } Activations;
 
 typedef struct {
@@ -220,7 +255,8 @@ void model_zero_grads(Model *m);
 
 // Floating-point operations of one training step (forward + backward) on B images, counting
 // the matrix products only (linear layers, q k^T and P v): 2 per multiply-add, and the backward
-// as twice the forward (the input and the weight gradient of every product). Elementwise work,
+// as twice the forward (the input and the weight gradient of every product), plus V2's
+// position-bias MLP once per block (whatever B). Elementwise work,
 // LayerNorm and softmax are not counted. The basis of the benchmark's MFU.
 double model_train_flops(const Model *m, int B);
 

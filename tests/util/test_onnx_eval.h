@@ -148,13 +148,13 @@ static int eval_binary(Eval *e, const OnnxNode *n, const EvalValue *a, const Eva
   int64_t dims[ONNX_MAX_DIMS], idx[ONNX_MAX_DIMS];
   if (eval_broadcast_shape(e, n->name, a->ndim, a->dims, b->ndim, b->dims, &nd, dims) != 0)
     return -1;
-  char op = n->op_type[0];  // Add, Mul, Div
+  char op = strcmp(n->op_type, "Max") == 0 ? 'X' : n->op_type[0];  // Add, Mul, Div, Max
   EvalValue *o = eval_new(e, n->outputs[0], nd, dims);
   a = eval_find(e, n->inputs[0]), b = eval_find(e, n->inputs[1]);  // eval_new may move them
   for (int64_t i = 0; i < eval_numel(nd, dims); i++) {
     eval_unravel(i, nd, dims, idx);
     double x = a->v[eval_broadcast_offset(a, nd, idx)], y = b->v[eval_broadcast_offset(b, nd, idx)];
-    o->v[i] = op == 'A' ? x + y : op == 'M' ? x * y : x / y;
+    o->v[i] = op == 'A' ? x + y : op == 'M' ? x * y : op == 'X' ? (x > y ? x : y) : x / y;
   }
   return 0;
 }
@@ -412,7 +412,8 @@ static int eval_gather(Eval *e, const OnnxNode *n, const EvalValue *x, const Eva
   return 0;
 }
 
-static int eval_reduce_mean(Eval *e, const OnnxNode *n, const EvalValue *x) {
+// ReduceMean, or with l2 ReduceL2 (the square root of the sum of squares).
+static int eval_reduce(Eval *e, const OnnxNode *n, const EvalValue *x, bool l2) {
   if (eval_known_attrs(e, n, "axes", "keepdims", NULL) != 0) return -1;
   const OnnxAttr *axes = eval_attr(n, "axes");
   bool keep = eval_attr_int(n, "keepdims", 1) != 0, reduced[ONNX_MAX_DIMS] = {0};
@@ -434,8 +435,9 @@ static int eval_reduce_mean(Eval *e, const OnnxNode *n, const EvalValue *x) {
     eval_unravel(i, x->ndim, x->dims, idx);
     int64_t off = 0;
     for (int d = 0; d < x->ndim; d++) off += reduced[d] ? 0 : idx[d] * out_strides[d];
-    o->v[off] += x->v[i] / (double)count;
+    o->v[off] += l2 ? x->v[i] * x->v[i] : x->v[i] / (double)count;
   }
+  for (int64_t i = 0; l2 && i < eval_numel(nd, dims); i++) o->v[i] = sqrt(o->v[i]);
   return 0;
 }
 
@@ -465,7 +467,7 @@ static int eval_node(Eval *e, const OnnxNode *n) {
   if (eval_find(e, n->outputs[0]))
     return eval_fail(e, "%s: value '%s' is assigned twice", n->name, n->outputs[0]);
   const char *op = n->op_type;
-  if (!strcmp(op, "Add") || !strcmp(op, "Mul") || !strcmp(op, "Div"))
+  if (!strcmp(op, "Add") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Max"))
     return eval_binary(e, n, in[0], in[1]);
   if (!strcmp(op, "MatMul")) return eval_matmul(e, n, in[0], in[1]);
   if (!strcmp(op, "Gemm")) return eval_gemm(e, n, in[0], in[1], in[2]);
@@ -477,7 +479,8 @@ static int eval_node(Eval *e, const OnnxNode *n) {
   if (!strcmp(op, "Slice")) return eval_slice(e, n, in[0]);
   if (!strcmp(op, "Concat")) return eval_concat(e, n);
   if (!strcmp(op, "Gather")) return eval_gather(e, n, in[0], in[1]);
-  if (!strcmp(op, "ReduceMean")) return eval_reduce_mean(e, n, in[0]);
+  if (!strcmp(op, "ReduceMean") || !strcmp(op, "ReduceL2"))
+    return eval_reduce(e, n, in[0], !strcmp(op, "ReduceL2"));
   if (!strcmp(op, "Erf") || !strcmp(op, "Cast")) return eval_unary(e, n, in[0]);
   return eval_fail(e, "%s: operator %s is not implemented by the reference", n->name, op);
 }
