@@ -400,6 +400,29 @@ static void check_cpb(TestRng *rng, int wh, int ww, int heads) {
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
 }
 
+// Fine-tuning across windows: a window-16 model normalized by its pretrained window 8 gives every
+// relative offset the window-8 model has (|dh|, |dw| <= 7) the same coordinates, bit for bit, so
+// the same position-bias MLP gives it the same bias; the offsets beyond extrapolate the MLP.
+static void check_window_8_to_16(void) {
+  float c8[15 * 15 * 2], c16[31 * 31 * 2];
+  int rc = cpb_coords_build(c8, 8, 8, 0, 0) | cpb_coords_build(c16, 16, 16, 8, 8);
+  int differ = 0, beyond = 0;
+  for (int dh = -15; dh <= 15; dh++)
+    for (int dw = -15; dw <= 15; dw++) {
+      const float *b = c16 + 2 * ((dh + 15) * 31 + (dw + 15));
+      if (dh < -7 || dh > 7 || dw < -7 || dw > 7) {
+        beyond += fabsf(b[0]) > 1.0f || fabsf(b[1]) > 1.0f;  // past the source's |c| <= 1
+        continue;
+      }
+      const float *a = c8 + 2 * ((dh + 7) * 15 + (dw + 7));
+      differ += memcmp(a, b, 2 * sizeof(float)) != 0;
+    }
+  test_check(rc == 0 && differ == 0 && beyond == 31 * 31 - 15 * 15,
+             "window 16 pretrained at 8: the 225 offsets of window 8 have its coordinates bit for "
+             "bit (%d differ), the %d others lie beyond them (%d)",
+             differ, 31 * 31 - 15 * 15, beyond);
+}
+
 int main(void) {
   TestRng rng = {.state = 0xc05e2u};
   omp_set_num_threads(2);
@@ -407,6 +430,7 @@ int main(void) {
   check_cosine(&rng, 9, 16, 2, false);
   check_zero_norm(&rng);
   check_coords();
+  check_window_8_to_16();
   check_cpb(&rng, 2, 3, 2);
   check_cpb(&rng, 3, 3, 3);
   return test_finish();

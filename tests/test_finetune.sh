@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# test_finetune.sh BUILD_DIR SOURCE_DIR [DEVICE]: fine-tuning at another window and image size,
-# as a user does it, on DEVICE (cpu, the default, or cuda: tests/test_gpu_finetune.sh). The tiny
-# model (tests/tiny_fashion.ini) trains on Fashion-MNIST at 16 px / window 4; init_from loads it
-# at 24 px / window 6 (each relative_position_bias_table resized bicubically), and:
+# test_finetune.sh BUILD_DIR SOURCE_DIR [DEVICE [VERSION]]: fine-tuning at another window and
+# image size, as a user does it, on DEVICE (cpu, the default, or cuda: tests/test_gpu_finetune.sh)
+# with Swin VERSION (1, the default, or 2: tests/test_finetune_v2.sh). The tiny model
+# (tests/tiny_fashion.ini) trains on Fashion-MNIST at 16 px / window 4; init_from loads it at
+# 24 px / window 6 (V1: each relative_position_bias_table resized bicubically; V2: nothing to
+# resize, the position-bias MLP takes the new window's coordinates, normalized by the source's
+# windows through model.pretrained_window_sizes=4, and without that key init_from says which
+# value keeps them), and:
 #   - eval=1 of the source at its own geometry gives L_src, clearly below chance (ln 10), and the
 #     source run's own last evaluation to the digit;
 #   - eval=1 of the resized model gives L_ft, with a notice per resized table, and L_ft keeps at
@@ -21,6 +25,7 @@ set -u
 build=$1
 src=$2
 device=${3:-cpu}
+version=${4:-1}
 bin=$build/swin_train
 fashion=${SWIN_FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 if [ ! -e "$fashion/train-images-idx3-ubyte.gz" ] && [ ! -e "$fashion/train-images-idx3-ubyte" ]
@@ -86,7 +91,7 @@ check() {
 # set, so the same weights give the same loss), no drop path (the training forward is then the
 # evaluation's), square crops.
 common=("$src/tests/tiny_fashion.ini" device="$device" data.path="$fashion" data.val_limit=512
-  data.ratio=1,1 model.drop_path_rate=0)
+  data.ratio=1,1 model.drop_path_rate=0 model.version="$version")
 ln10=2.302585
 
 # The source: 600 steps of 32 random 16x16 crops (scale 16^2/28^2), hflip; evaluated on the
@@ -107,15 +112,28 @@ last=$(record source 600 eval_loss)
 check "eval=1 of the checkpoint is the source run's last evaluation" "$l_src == $last" \
   "$l_src, run $last"
 
-# The fine-tune geometry: 24 px, window 6 (12x12 and 6x6 token maps), the center 24x24 crop.
+# The fine-tune geometry: 24 px, window 6 (12x12 and 6x6 token maps), the center 24x24 crop;
+# V2 normalizes the position-bias coordinates by the source's windows (4 in both stages).
 ft_geometry=(model.img_size=24 model.window_size=6 data.crop_pct=0.8571)
+[ "$version" = 2 ] && ft_geometry+=(model.pretrained_window_sizes=4)
 
-# L_ft: the source's weights at 24 px / window 6, four bias tables resized 4x4 -> 6x6.
+# L_ft: the source's weights at 24 px / window 6 (V1: four bias tables resized 4x4 -> 6x6).
 train eval_ft "${ft_geometry[@]}" eval=1 init_from="$ckpt"
 l_ft=$(record eval_ft 0 eval_loss)
-table='layers\.[01]\.blocks\.[01]\.attn\.relative_position_bias_table'
-notices=$(grep -cE "^init_from: notice: $table resized from window 4x4 to 6x6" "$tmp/eval_ft.log")
-check "init_from resizes all four bias tables, a notice each" "$notices == 4" "$notices notices"
+if [ "$version" = 2 ]; then
+  resized=$(grep -c "resized" "$tmp/eval_ft.log")
+  check "V2: init_from resizes nothing (the position-bias MLP is continuous)" "$resized == 0" \
+    "$resized resize notices"
+  train eval_ft_own "${ft_geometry[@]::3}" eval=1 init_from="$ckpt"
+  notices=$(grep -c "^init_from: notice: .*set model.pretrained_window_sizes=4,4 to keep" \
+    "$tmp/eval_ft_own.log")
+  check "V2 without model.pretrained_window_sizes: init_from names the value that keeps the \
+source's coordinates" "$notices == 1" "$notices notices"
+else
+  table='layers\.[01]\.blocks\.[01]\.attn\.relative_position_bias_table'
+  notices=$(grep -cE "^init_from: notice: $table resized from window 4x4 to 6x6" "$tmp/eval_ft.log")
+  check "init_from resizes all four bias tables, a notice each" "$notices == 4" "$notices notices"
+fi
 # Far from chance. "Closer to L_src than to ln 10" (half the gain kept) is too near what was
 # measured to hold on every device's trajectory: over twelve sources (six seeds each at 600 and
 # 1000 steps) L_ft kept 44-86% of the gain. A quarter holds on all of them and still lies 0.2

@@ -4,7 +4,10 @@
 // ||gpu - cpu|| / ||cpu||. Three geometries: a three-stage Swin with window 7 like Swin-T's
 // (28x28 -> 14x14 -> 7x7 maps, shifted windows of 49 tokens, head_dim 32, drop path), a small
 // one with rectangular maps (H != W) and a last stage shifted along one side only, and window 12
-// (144-token windows: the flash attention kernels). fp16 runs with a
+// (144-token windows: the flash attention kernels); and two Swin V2 models (model.version = 2),
+// window 8 (64-token windows) and window 16 (256 tokens, the flash kernels), whose res-post-norm
+// weights are drawn around 1 (timm starts them at 0, where no gradient reaches the blocks).
+// fp16 runs with a
 // loss scale of 1024 (dlogits scaled, gradients compared after unscaling), as the trainer does. The
 // GPU run is repeated to check it is bitwise deterministic.
 #include "tests/util/test_gpu_util.h"
@@ -87,6 +90,49 @@ static Config window12(void) {
   return c;
 }
 
+// Swin V2 at window 8 as swinv2_tiny_window8_256: 16x16 tokens in four shifted 8x8 windows, then
+// 8x8 (one window); 32 channels per head.
+static Config v2_window8(void) {
+  Config c = base_config();
+  c.version = 2;
+  c.img_h = c.img_w = 64;
+  c.in_chans = 3;
+  c.patch_size = 4;
+  c.embed_dim = 96;
+  c.num_stages = 2;
+  c.depths[0] = 2, c.depths[1] = 2;
+  c.num_heads[0] = 3, c.num_heads[1] = 6;
+  c.window_size = 8;
+  c.num_classes = 10;
+  return c;
+}
+
+// Swin V2 at window 16 (swinv2_base_window16_256's window), pretrained at 8: 32x32 tokens in
+// four shifted 16x16 windows, then 16x16.
+static Config v2_window16(void) {
+  Config c = v2_window8();
+  c.patch_size = 2;
+  c.embed_dim = 64;
+  c.num_heads[0] = 2, c.num_heads[1] = 4;
+  c.window_size = 16;
+  c.pretrained_windows[0] = 8;
+  return c;
+}
+
+// V2's res-post-norm weights around 1 instead of timm's 0 (fixed values, the same on both
+// backends), so that every block's parameters get gradients.
+static void post_norms_around_one(Model *m) {
+  for (int p = 0; p < m->num_params; p++) {
+    const char *n = m->params[p].t.name;
+    size_t len = strlen(n);
+    if (len < 12 || (strcmp(n + len - 12, "norm1.weight") && strcmp(n + len - 12, "norm2.weight")))
+      continue;
+    float *w = m->weights + m->params[p].offset;
+    for (int64_t i = 0; i < tensor_numel(&m->params[p].t); i++)
+      w[i] = 1.0f + 0.1f * (float)((i * 37 + p) % 11 - 5) / 5.0f;
+  }
+}
+
 typedef struct {
   float *logits, *dlogits, *grads;
   double loss;
@@ -103,6 +149,7 @@ static Result run_model(Backend *be, const Config *cfg, int B, const uint8_t *pi
     return r;
   }
   model_init_weights(&m, 5);
+  if (cfg->version == 2) post_norms_around_one(&m);
   model_weights_to_backend(&m);
   size_t pixel_bytes = (size_t)B * cfg->img_h * cfg->img_w * cfg->in_chans;
   uint8_t *pixels = be->ops->alloc(be, pixel_bytes);
@@ -234,10 +281,12 @@ static void compare_case(const char *name, const Config *cfg, int B, const Toler
 
 int main(void) {
   GPU_TEST_MAIN_BEGIN();
-  Config swin = swin_like(), rect = small_rect(), w12 = window12();
+  Config swin = swin_like(), rect = small_rect(), w12 = window12(), v8 = v2_window8(),
+         v16 = v2_window16();
   Error err;
   if (config_validate(&swin, &err) != 0 || config_validate(&rect, &err) != 0 ||
-      config_validate(&w12, &err) != 0) {
+      config_validate(&w12, &err) != 0 || config_validate(&v8, &err) != 0 ||
+      config_validate(&v16, &err) != 0) {
     test_check(0, "test configs: %s", err.msg);
     return test_finish();
   }
@@ -245,6 +294,8 @@ int main(void) {
     compare_case("swin-like 112px", &swin, 4, &tolerances[t]);
     compare_case("rectangular", &rect, 3, &tolerances[t]);
     compare_case("window 12", &w12, 2, &tolerances[t]);
+    compare_case("V2 window 8", &v8, 3, &tolerances[t]);
+    compare_case("V2 window 16", &v16, 2, &tolerances[t]);
   }
   return test_finish();
 }

@@ -11,7 +11,7 @@
 // resumed from its step-3 checkpoint with that file ends bitwise equal to the straight tuned run.
 // Gradient accumulation (train.accum_steps): fp32 micro-batches train what one batch trains
 // (float tolerance, with a negative control), graphs on vs off bitwise (with the augmentations
-// too), resume exact.
+// too), resume exact. Swin V2 (model.version = 2): graphs on vs off bitwise, and resume exact.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <sys/stat.h>
@@ -254,7 +254,8 @@ static bool same_losses(const Config *a, const Config *b, int from, int to) {
 // and 1 run plainly (each slot's first), 2 and 3 are captured and replayed, 4..9 replayed; a log
 // and a read-back every step, a checkpoint at step 5, the evaluation at the end. Graphs change
 // the launches only: the weights, moments and losses must be the same bits.
-static void graphs_on_off(const char *name, const char *precision, bool augment, bool ema) {
+static void graphs_on_off(const char *name, const char *precision, bool augment, bool ema,
+                          int version) {
   char on_name[64], off_name[64];
   snprintf(on_name, sizeof on_name, "%s_graphs_on", name);
   snprintf(off_name, sizeof off_name, "%s_graphs_off", name);
@@ -262,6 +263,7 @@ static void graphs_on_off(const char *name, const char *precision, bool augment,
   Config *both[2] = {&on, &off};
   for (int k = 0; k < 2; k++) {
     Config *c = both[k];
+    c->version = version;
     c->max_steps = 10;
     c->ckpt_every = 5;
     if (augment) {  // the recipe's per-batch augmentations: f32 images and soft targets
@@ -304,10 +306,11 @@ static void graphs_on_off(const char *name, const char *precision, bool augment,
 
 // A run with graphs on resumed from its step-5 checkpoint (graphs on again, the resumed run's
 // slots captured anew) ends bitwise where the straight run ends (with ema: the average too).
-static void graphs_resume(const char *name, bool ema) {
+static void graphs_resume(const char *name, bool ema, int version) {
   char straight[64];
   snprintf(straight, sizeof straight, "%s_graphs_on", name);
   Config a = gpu_config(straight, "bf16");  // the straight run of graphs_on_off
+  a.version = version;
   a.max_steps = 10;
   a.ckpt_every = 5;
   if (ema) {  // as graphs_on_off: the straight run evaluated (the weights swapped with the
@@ -439,11 +442,13 @@ int main(void) {
   test_tuned_resume();
   test_cross_device();
   test_fp16_overflow();
-  graphs_on_off("bf16", "bf16", false, false);
-  graphs_on_off("fp16_aug", "fp16", true, false);
-  graphs_on_off("bf16_ema", "bf16", false, true);
-  graphs_resume("bf16", false);
-  graphs_resume("bf16_ema", true);
+  graphs_on_off("bf16", "bf16", false, false, 1);
+  graphs_on_off("fp16_aug", "fp16", true, false, 1);
+  graphs_on_off("bf16_ema", "bf16", false, true, 1);
+  graphs_on_off("v2_bf16", "bf16", false, false, 2);  // Swin V2
+  graphs_resume("bf16", false, 1);
+  graphs_resume("bf16_ema", true, 1);
+  graphs_resume("v2_bf16", false, 2);
   accum_equals_batch();
   accum_graphs_augment();
   char cmd[300];
