@@ -71,9 +71,10 @@ void cpb_backward_cpu(float *dw1, float *db1, float *dw2, const float *dtable, c
 void cosine_qk_forward_cuda(DType dt, void *qkv, float *norms, const float *q_bias,
                             const float *v_bias, const float *logit_scale, int64_t rows, int C,
                             int heads, cudaStream_t s);
-// Floats of scratch the backward needs: per block of rows, its sums of q' . dq' per head and of
-// the q and v gradients' columns (the bias sums, kept before dqkv's rounding to dt). Monotonic in
-// each argument, so a call with the largest rows, C and heads of a model bounds every call.
+// Floats of scratch the backward needs: per block of (row, head) pairs, its sums of q' . dq' per
+// head; dqkv's column sums and their partials (the bias sums are those of dqkv as stored in dt).
+// Monotonic in each argument, so a call with the largest rows, C and heads of a model bounds
+// every call.
 int64_t cosine_qk_backward_cuda_scratch(int64_t rows, int C, int heads);
 void cosine_qk_backward_cuda(DType dt, void *dqkv, float *dq_bias, float *dv_bias,
                              float *dlogit_scale, const void *qkv, const float *norms,

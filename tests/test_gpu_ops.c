@@ -1428,9 +1428,10 @@ static const OpRow rows[] = {
      &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
     // Swin V2's cosine q, k: the same f32 arithmetic from the same values (the norms' sums in
-    // f32 on the GPU, double on the CPU), q', k', v' stored once in dt; the backward's bias and
-    // logit-scale sums of f32 values on both (the GPU's before dqkv's rounding to dt). 200 rows:
-    // a ragged last block of rows. The last head's logit scale is clamped: no gradient on both.
+    // f32 on the GPU, double on the CPU), q', k', v' stored once in dt; the backward's
+    // logit-scale sums of f32 values on both, its bias sums those of dqkv as stored on the GPU
+    // (its roundings, random signs). 200 rows: a ragged last block of pairs. The last head's
+    // logit scale is clamped: no gradient on both.
     {"cosine_qk_forward",
      "q/v bias, 200 rows, 3 heads of 32",
      run_cosine_qk_forward,
@@ -1445,17 +1446,17 @@ static const OpRow rows[] = {
      "q/v bias, 200 rows, 3 heads of 32",
      run_cosine_qk_backward,
      &(const CosineCase){200, 3, 32, true},
-     {{"dqkv", ROUNDED}, {"dq_bias", FP32}, {"dv_bias", FP32}, {"dlogit_scale", FP32}}},
+     {{"dqkv", ROUNDED}, {"dq_bias", ROUNDED}, {"dv_bias", ROUNDED}, {"dlogit_scale", FP32}}},
     {"cosine_qk_backward",
      "no bias, 200 rows, 24 heads of 32",
      run_cosine_qk_backward,
      &(const CosineCase){200, 24, 32, false},
      {{"dqkv", ROUNDED}, {"dlogit_scale", FP32}}},
     {"cosine_qk_backward",
-     "q/v bias, 2500 rows (1 or 2 per warp of the 256 x 8), 24 heads of 32",
+     "q/v bias, 2500 rows (235 blocks of 256 pairs, the last one partial), 24 heads of 32",
      run_cosine_qk_backward,
      &(const CosineCase){2500, 24, 32, true},
-     {{"dqkv", ROUNDED}, {"dq_bias", FP32}, {"dv_bias", FP32}, {"dlogit_scale", FP32}}},
+     {{"dqkv", ROUNDED}, {"dq_bias", ROUNDED}, {"dv_bias", ROUNDED}, {"dlogit_scale", FP32}}},
     // The continuous position bias: f32 in every precision, the same double sums on both.
     {"cpb_forward",
      "window 8 (T=225), 3 heads",

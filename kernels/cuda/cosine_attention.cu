@@ -1,12 +1,13 @@
 // cosine_attention.cu: CUDA scaled-cosine q, k and continuous position bias (the spec is
 // kernels/cpu/cosine_attention.c; declared in kernels/cosine_attention.h).
 //
-// cosine q, k: a warp per (row, head), the head's channels strided over its lanes, the norms and
-// dot products as butterfly warp sums (f32, a fixed order). The backward's sums over rows (the
-// q/v bias and logit-scale gradients) go through per-block partials: block (part, head) serves
-// the rows part * 8 + warp + k * 8 * parts, its warps sum in f32 in row order, the block adds
-// its 8 warps in order, and column_partials_reduce_cuda adds the parts in order (double): the
-// bits depend on the shapes only.
+// cosine q, k: a thread per (row, head), its channels read 16 bytes at a time where the layout
+// allows, the norms and dot products summed in f32 over the channels in order (a warp per pair
+// spent its time on per-pair overhead: 27 ms of a 54 ms Swin V2-T step, kernels/PERF.md). The
+// backward's sums over rows go through fixed orders: the logit-scale gradient per block of 256
+// pairs (its threads in order), then column_partials_reduce_cuda over the blocks (double); the
+// q / v bias gradients are column_sums_cuda of dqkv as stored (as the attention's SIMT and flash
+// paths sum theirs): the bits depend on the shapes only.
 //
 // CPB: the MLP is tiny (T <= 2209 rows, heads <= 48 at window 24), so simple kernels in double:
 // a thread per hidden element and per table element (the same double sums, in the same order, as
@@ -25,21 +26,18 @@ namespace {
 
 using namespace swin_cuda;
 
-constexpr int kWarps = 8;  // warps per block of the cosine kernels
-constexpr int kThreads = 32 * kWarps;
-constexpr int kPerLane = COSINE_CUDA_MAX_HEAD_DIM / 32;  // channels a lane holds
-constexpr int kMaxParts = 256;                           // row blocks of the backward
+constexpr int kThreads = 256;  // (row, head) pairs per block of the cosine kernels
 constexpr int kCpbThreads = 256;
 
 void check_shape(const char *fn, int64_t rows, int C, int heads) {
-  if (rows >= 0 && heads >= 1 && C >= heads && C % heads == 0 &&
+  if (rows >= 0 && heads >= 1 && heads <= kThreads && C >= heads && C % heads == 0 &&
       C / heads <= COSINE_CUDA_MAX_HEAD_DIM)
     return;
   fprintf(stderr,
           "%s (%s:%d): unsupported shape rows=%lld C=%d heads=%d (need C %% heads == 0, "
-          "C / heads <= %d)\n"
+          "C / heads <= %d, heads <= %d)\n"
           "HINT: use at most %d channels per head\n",
-          fn, __FILE__, __LINE__, (long long)rows, C, heads, COSINE_CUDA_MAX_HEAD_DIM,
+          fn, __FILE__, __LINE__, (long long)rows, C, heads, COSINE_CUDA_MAX_HEAD_DIM, kThreads,
           COSINE_CUDA_MAX_HEAD_DIM);
   abort();
 }
@@ -49,150 +47,145 @@ __device__ __forceinline__ float logit_multiplier(float logit_scale) {
   return (float)exp((double)fminf(logit_scale, COSINE_LOGIT_MAX));
 }
 
-// Row blocks of the backward: a function of rows only, so the summation order is too.
-int backward_parts(int64_t rows) {
-  int64_t parts = (rows + kWarps - 1) / kWarps;
-  return (int)(parts < 1 ? 1 : parts > kMaxParts ? kMaxParts : parts);
-}
-
-// x (hd, this lane's channels lane + 32 i) <- x / max(|x|, eps) * mul; returns |x|.
-template <int PER>
-__device__ __forceinline__ float normalize_lanes(float (&x)[PER], float mul) {
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < PER; i++) ss += x[i] * x[i];
-  float norm = sqrtf(warp_sum(ss));
-  float den = fmaxf(norm, COSINE_NORM_EPS);
-#pragma unroll
-  for (int i = 0; i < PER; i++) x[i] = x[i] / den * mul;
-  return norm;
-}
-
-// A warp per (row, head): q, k normalized (q times the logit multiplier), v biased, in place.
+// The (row, head) pair of thread p, and its q (k, v follow at C and 2C) in qkv (rows, 3C).
 template <typename T>
+__device__ __forceinline__ T *pair_q(T *qkv, int64_t p, int C, int heads, int64_t *r, int *h) {
+  *r = p / heads;
+  *h = (int)(p - *r * heads);
+  return qkv + *r * 3 * C + (int64_t)*h * (C / heads);
+}
+
+// A thread per (row, head), VEC channels per access: the sums of squares in f32 over the
+// channels in order, then q, k normalized (q times the logit multiplier) and v biased in place.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     cosine_qk_forward_kernel(T *__restrict__ qkv, float *__restrict__ norms,
                              const float *__restrict__ q_bias, const float *__restrict__ v_bias,
-                             const float *__restrict__ logit_scale, int64_t rows, int C,
+                             const float *__restrict__ logit_scale, int64_t pairs, int C,
                              int heads) {
-  const int lane = threadIdx.x % 32;
-  const int64_t p = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  if (p >= rows * heads) return;
-  const int64_t r = p / heads;
-  const int h = (int)(p % heads), hd = C / heads;
-  T *q = qkv + r * 3 * C + h * hd, *k = q + C, *v = k + C;
-  const int c0 = h * hd;
-  float xq[kPerLane], xk[kPerLane];
+  const int64_t p = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (p >= pairs) return;
+  int64_t r;
+  int h;
+  T *q = pair_q(qkv, p, C, heads, &r, &h), *k = q + C, *v = k + C;
+  const int hd = C / heads, c0 = h * hd;
+  float sq = 0.0f, sk = 0.0f;
+  for (int d = 0; d < hd; d += VEC) {
+    float a[VEC], b[VEC];
+    load_vec<T, VEC>(a, q + d);
+    load_vec<T, VEC>(b, k + d);
 #pragma unroll
-  for (int i = 0; i < kPerLane; i++) {
-    const int d = lane + 32 * i;
-    xq[i] = d < hd ? to_float<T>(q[d]) + (q_bias ? q_bias[c0 + d] : 0.0f) : 0.0f;
-    xk[i] = d < hd ? to_float<T>(k[d]) : 0.0f;
-  }
-  const float nq = normalize_lanes<kPerLane>(xq, logit_multiplier(logit_scale[h]));
-  const float nk = normalize_lanes<kPerLane>(xk, 1.0f);
-#pragma unroll
-  for (int i = 0; i < kPerLane; i++) {
-    const int d = lane + 32 * i;
-    if (d < hd) {
-      q[d] = from_float<T>(xq[i]);
-      k[d] = from_float<T>(xk[i]);
-      if (v_bias) v[d] = from_float<T>(to_float<T>(v[d]) + v_bias[c0 + d]);
+    for (int i = 0; i < VEC; i++) {
+      const float x = a[i] + (q_bias ? q_bias[c0 + d + i] : 0.0f);
+      sq += x * x;
+      sk += b[i] * b[i];
     }
   }
-  if (lane == 0) {
-    norms[(r * 2 + 0) * heads + h] = nq;
-    norms[(r * 2 + 1) * heads + h] = nk;
+  const float nq = sqrtf(sq), nk = sqrtf(sk), mul = logit_multiplier(logit_scale[h]);
+  const float dq = fmaxf(nq, COSINE_NORM_EPS), dk = fmaxf(nk, COSINE_NORM_EPS);
+  for (int d = 0; d < hd; d += VEC) {
+    float a[VEC], b[VEC];
+    load_vec<T, VEC>(a, q + d);
+    load_vec<T, VEC>(b, k + d);
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+      a[i] = (a[i] + (q_bias ? q_bias[c0 + d + i] : 0.0f)) / dq * mul;
+      b[i] = b[i] / dk;
+    }
+    store_vec<T, VEC>(q + d, a);
+    store_vec<T, VEC>(k + d, b);
+    if (v_bias) {
+      float c[VEC];
+      load_vec<T, VEC>(c, v + d);
+#pragma unroll
+      for (int i = 0; i < VEC; i++) c[i] += v_bias[c0 + d + i];
+      store_vec<T, VEC>(v + d, c);
+    }
   }
+  norms[(r * 2 + 0) * heads + h] = nq;
+  norms[(r * 2 + 1) * heads + h] = nk;
 }
 
-// dy (this lane's channels) <- the gradient of x from that of y = x / max(|x|, eps) * mul, y as
-// saved; returns y . dy (the same on every lane).
-template <int PER>
-__device__ __forceinline__ float normalize_backward_lanes(float (&dy)[PER], const float (&y)[PER],
-                                                          float norm, float mul) {
+// y . dy over the head's channels (f32, in order), y and dy as stored.
+template <typename T, int VEC>
+__device__ __forceinline__ float head_dot(const T *y, const T *dy, int hd) {
   float dot = 0.0f;
+  for (int d = 0; d < hd; d += VEC) {
+    float a[VEC], b[VEC];
+    load_vec<T, VEC>(a, y + d);
+    load_vec<T, VEC>(b, dy + d);
 #pragma unroll
-  for (int i = 0; i < PER; i++) dot += y[i] * dy[i];
-  dot = warp_sum(dot);
-  if (norm > COSINE_NORM_EPS) {
-#pragma unroll
-    for (int i = 0; i < PER; i++) dy[i] = (dy[i] * mul - y[i] / mul * dot) / norm;
-  } else {
-#pragma unroll
-    for (int i = 0; i < PER; i++) dy[i] = dy[i] * mul / COSINE_NORM_EPS;
+    for (int i = 0; i < VEC; i++) dot += a[i] * b[i];
   }
   return dot;
 }
 
-// Block (part, head): the backward of the rows part * kWarps + warp + k * kWarps * parts, in
-// place on dqkv; the block's column sums of dq, dv (as computed, before the rounding to T) to
-// q_partial, v_partial (parts, C), its sum of q' . dq' to l_partial (parts, heads): 0 where the
-// clamp passes no gradient.
-template <typename T>
+// dy (in place) <- the gradient of x from that of y = x / max(|x|, eps) * mul, y as saved:
+// (dy mul - y / mul (y . dy)) / |x|, or dy mul / eps where |x| <= eps.
+template <typename T, int VEC>
+__device__ __forceinline__ void normalize_backward(T *dy, const T *y, float dot, float norm,
+                                                   float mul, int hd) {
+  for (int d = 0; d < hd; d += VEC) {
+    float g[VEC], a[VEC];
+    load_vec<T, VEC>(g, dy + d);
+    load_vec<T, VEC>(a, y + d);
+#pragma unroll
+    for (int i = 0; i < VEC; i++)
+      g[i] = norm > COSINE_NORM_EPS ? (g[i] * mul - a[i] / mul * dot) / norm
+                                    : g[i] * mul / COSINE_NORM_EPS;
+    store_vec<T, VEC>(dy + d, g);
+  }
+}
+
+// A thread per (row, head): dq, dk in place on dqkv (dv is the incoming gradient as it is); the
+// block's sums of q' . dq' per head, its threads added in order, to l_partial (blocks, heads): 0
+// where the clamp passes no gradient.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    cosine_qk_backward_kernel(T *__restrict__ dqkv, float *__restrict__ q_partial,
-                              float *__restrict__ v_partial, float *__restrict__ l_partial,
+    cosine_qk_backward_kernel(T *__restrict__ dqkv, float *__restrict__ l_partial,
                               const T *__restrict__ qkv, const float *__restrict__ norms,
-                              const float *__restrict__ logit_scale, int64_t rows, int C,
+                              const float *__restrict__ logit_scale, int64_t pairs, int C,
                               int heads) {
-  extern __shared__ float smem[];  // (kWarps, 2, hd) column sums, then kWarps dot sums
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int h = blockIdx.y, hd = C / heads, c0 = h * hd, parts = gridDim.x;
-  const float mul = logit_multiplier(logit_scale[h]);
-  float sq[kPerLane] = {}, sv[kPerLane] = {}, sl = 0.0f;
-  for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < rows; r += (int64_t)kWarps * parts) {
-    T *dq = dqkv + r * 3 * C + c0, *dk = dq + C, *dv = dk + C;
-    const T *q = qkv + r * 3 * C + c0, *k = q + C;
-    float gq[kPerLane], yq[kPerLane], gk[kPerLane], yk[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; i++) {
-      const int d = lane + 32 * i;
-      const bool in = d < hd;
-      gq[i] = in ? to_float<T>(dq[d]) : 0.0f;
-      yq[i] = in ? to_float<T>(q[d]) : 0.0f;
-      gk[i] = in ? to_float<T>(dk[d]) : 0.0f;
-      yk[i] = in ? to_float<T>(k[d]) : 0.0f;
-      sv[i] += in ? to_float<T>(dv[d]) : 0.0f;
-    }
-    sl += normalize_backward_lanes<kPerLane>(gq, yq, norms[(r * 2 + 0) * heads + h], mul);
-    normalize_backward_lanes<kPerLane>(gk, yk, norms[(r * 2 + 1) * heads + h], 1.0f);
-#pragma unroll
-    for (int i = 0; i < kPerLane; i++) {
-      const int d = lane + 32 * i;
-      if (d < hd) {
-        dq[d] = from_float<T>(gq[i]);
-        dk[d] = from_float<T>(gk[i]);
-      }
-      sq[i] += gq[i];
-    }
+  __shared__ float dots[kThreads];
+  const int64_t p0 = (int64_t)blockIdx.x * kThreads, p = p0 + threadIdx.x;
+  float dot_q = 0.0f;
+  if (p < pairs) {
+    int64_t r;
+    int h;
+    T *dq = pair_q(dqkv, p, C, heads, &r, &h), *dk = dq + C;
+    const T *q = qkv + (dq - dqkv), *k = q + C;
+    const int hd = C / heads;
+    const float mul = logit_multiplier(logit_scale[h]);
+    dot_q = head_dot<T, VEC>(q, dq, hd);
+    const float dot_k = head_dot<T, VEC>(k, dk, hd);
+    normalize_backward<T, VEC>(dq, q, dot_q, norms[(r * 2 + 0) * heads + h], mul, hd);
+    normalize_backward<T, VEC>(dk, k, dot_k, norms[(r * 2 + 1) * heads + h], 1.0f, hd);
   }
-  float *wq = smem + warp * 2 * hd, *wv = wq + hd, *wl = smem + kWarps * 2 * hd;
-#pragma unroll
-  for (int i = 0; i < kPerLane; i++) {
-    const int d = lane + 32 * i;
-    if (d < hd) {
-      wq[d] = sq[i];
-      wv[d] = sv[i];
-    }
-  }
-  if (lane == 0) wl[warp] = sl;
+  dots[threadIdx.x] = dot_q;
   __syncthreads();
-  for (int d = threadIdx.x; d < hd; d += kThreads) {
-    float a = 0.0f, b = 0.0f;
-    for (int w = 0; w < kWarps; w++) {
-      a += smem[w * 2 * hd + d];
-      b += smem[w * 2 * hd + hd + d];
-    }
-    q_partial[(int64_t)blockIdx.x * C + c0 + d] = a;
-    v_partial[(int64_t)blockIdx.x * C + c0 + d] = b;
+  if (threadIdx.x < heads) {  // head h: the block's pairs p0 + t with (p0 + t) % heads == h
+    const int h = (int)threadIdx.x;
+    int t = (int)(((h - p0 % heads) % heads + heads) % heads);
+    float sum = 0.0f;
+    for (; t < kThreads && p0 + t < pairs; t += heads) sum += dots[t];
+    l_partial[(int64_t)blockIdx.x * heads + h] = logit_scale[h] <= COSINE_LOGIT_MAX ? sum : 0.0f;
   }
-  if (threadIdx.x == 0) {
-    float a = 0.0f;
-    for (int w = 0; w < kWarps; w++) a += wl[w];
-    // torch.clamp passes the gradient where logit_scale <= max: elsewhere the sum is 0.
-    l_partial[(int64_t)blockIdx.x * heads + h] = logit_scale[h] <= COSINE_LOGIT_MAX ? a : 0.0f;
-  }
+}
+
+// out_q (C) += sums[0, C), out_v (C) += sums[2C, 3C): the q and v parts of dqkv's column sums.
+__global__ void add_qv_columns(float *__restrict__ out_q, float *__restrict__ out_v,
+                               const float *__restrict__ sums, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  if (out_q) out_q[c] += sums[c];
+  if (out_v) out_v[c] += sums[2 * C + c];
+}
+
+// 16-byte accesses when every head's channels start 16-byte aligned in rows of 3C.
+template <typename T>
+bool vec16_ok(const void *qkv, int C, int heads) {
+  const int v = kVec16<T>;
+  return (C / heads) % v == 0 && (3 * C) % v == 0 && ((uintptr_t)qkv % 16) == 0;
 }
 
 // ---- CPB --------------------------------------------------------------------------------------
@@ -282,16 +275,23 @@ void cosine_qk_forward_cuda(DType dt, void *qkv, float *norms, const float *q_bi
                             int heads, cudaStream_t s) {
   check_shape("cosine_qk_forward_cuda", rows, C, heads);
   if (rows == 0) return;
+  const int64_t pairs = rows * heads;
   SWIN_DISPATCH(dt, T, {
-    cosine_qk_forward_kernel<T><<<blocks_for(rows * heads, kWarps), kThreads, 0, s>>>(
-        static_cast<T *>(qkv), norms, q_bias, v_bias, logit_scale, rows, C, heads);
+    T *x = static_cast<T *>(qkv);
+    if (vec16_ok<T>(qkv, C, heads))
+      cosine_qk_forward_kernel<T, kVec16<T>><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
+          x, norms, q_bias, v_bias, logit_scale, pairs, C, heads);
+    else
+      cosine_qk_forward_kernel<T, 1><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
+          x, norms, q_bias, v_bias, logit_scale, pairs, C, heads);
   });
   CUDA_CHECK_LAUNCH();
 }
 
 int64_t cosine_qk_backward_cuda_scratch(int64_t rows, int C, int heads) {
-  // l_partial (parts, heads), then q_partial and v_partial (parts, C) each
-  return (int64_t)backward_parts(rows) * (heads + 2 * (int64_t)C);
+  // l_partial (blocks, heads); dqkv's column sums (3C) and their partials
+  const int64_t blocks = (rows * heads + kThreads - 1) / kThreads;
+  return blocks * heads + 3 * (int64_t)C + column_sums_cuda_scratch(rows, 3 * C);
 }
 
 void cosine_qk_backward_cuda(DType dt, void *dqkv, float *dq_bias, float *dv_bias,
@@ -300,19 +300,26 @@ void cosine_qk_backward_cuda(DType dt, void *dqkv, float *dq_bias, float *dv_bia
                              float *scratch, cudaStream_t s) {
   check_shape("cosine_qk_backward_cuda", rows, C, heads);
   if (rows == 0) return;
-  const int parts = backward_parts(rows), hd = C / heads;
-  float *l_partial = scratch, *q_partial = l_partial + (int64_t)parts * heads;
-  float *v_partial = q_partial + (int64_t)parts * C;
-  const size_t smem = sizeof(float) * (size_t)(kWarps * (2 * hd + 1));
+  const int64_t pairs = rows * heads, blocks = (pairs + kThreads - 1) / kThreads;
+  float *l_partial = scratch, *sums = l_partial + blocks * heads, *partials = sums + 3 * C;
   SWIN_DISPATCH(dt, T, {
-    cosine_qk_backward_kernel<T><<<dim3((unsigned)parts, (unsigned)heads), kThreads, smem, s>>>(
-        static_cast<T *>(dqkv), q_partial, v_partial, l_partial, static_cast<const T *>(qkv), norms,
-        logit_scale, rows, C, heads);
+    T *d = static_cast<T *>(dqkv);
+    const T *x = static_cast<const T *>(qkv);
+    if (vec16_ok<T>(dqkv, C, heads) && vec16_ok<T>(qkv, C, heads))
+      cosine_qk_backward_kernel<T, kVec16<T>><<<(unsigned)blocks, kThreads, 0, s>>>(
+          d, l_partial, x, norms, logit_scale, pairs, C, heads);
+    else
+      cosine_qk_backward_kernel<T, 1><<<(unsigned)blocks, kThreads, 0, s>>>(
+          d, l_partial, x, norms, logit_scale, pairs, C, heads);
   });
   CUDA_CHECK_LAUNCH();
-  if (dq_bias) column_partials_reduce_cuda(dq_bias, q_partial, parts, C, s);
-  if (dv_bias) column_partials_reduce_cuda(dv_bias, v_partial, parts, C, s);
-  if (dlogit_scale) column_partials_reduce_cuda(dlogit_scale, l_partial, parts, heads, s);
+  if (dq_bias || dv_bias) {  // the column sums of dq and dv as stored, in a fixed order
+    CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(float) * 3 * (size_t)C, s));
+    column_sums_cuda(dt, sums, dqkv, rows, 3 * C, partials, s);
+    add_qv_columns<<<blocks_for(C, 128), 128, 0, s>>>(dq_bias, dv_bias, sums, C);
+    CUDA_CHECK_LAUNCH();
+  }
+  if (dlogit_scale) column_partials_reduce_cuda(dlogit_scale, l_partial, blocks, heads, s);
 }
 
 void cpb_forward_cuda(float *table, float *hidden, const float *coords, const float *w1,

@@ -239,9 +239,9 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   int64_t k = window_attention_backward_cuda_scratch_bound(n->max_window_tokens, n->max_heads,
                                                            n->max_width);
   if (k > need) need = k;
-  // Swin V2's cosine q, k backward: per row block, sums per head and per q/v column (3C <=
-  // max_width, so C = max_width bounds it).
-  k = cosine_qk_backward_cuda_scratch(n->max_rows, n->max_width, n->max_heads);
+  // Swin V2's cosine q, k backward: per block of (row, head) pairs, sums per head, and the
+  // column sums of dqkv (3C <= max_width, so C = ceil(max_width / 3) bounds it).
+  k = cosine_qk_backward_cuda_scratch(n->max_rows, (n->max_width + 2) / 3, n->max_heads);
   if (k > need) need = k;
   k = 64 + column_sums_cuda_scratch(n->max_rows, n->max_width) +
       (int64_t)n->max_batch * n->max_width;
