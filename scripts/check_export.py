@@ -3,7 +3,8 @@
 
     python3 scripts/check_export.py --build BUILD_DIR [--work DIR]
 
-For two models, "tiny" (32x32, 2 stages) and "swin_tiny" (configs/swin_tiny.ini, 3 classes):
+For three models, "tiny" (32x32, 2 stages), "swin_tiny" (configs/swin_tiny.ini, 3 classes) and
+"swinv2_tiny" (configs/swinv2_tiny_256.ini: Swin V2, timm's swinv2_tiny_window8_256, 3 classes):
   1. train 2 steps with BUILD/swin_train on a small random ImageFolder (made in DIR/data);
   2. export the checkpoint with BUILD/swin_export as f32 and bf16 safetensors;
   3. load each export into timm.create_model('swin_tiny_patch4_window7_224', ...) with
@@ -13,9 +14,12 @@ For two models, "tiny" (32x32, 2 stages) and "swin_tiny" (configs/swin_tiny.ini,
   5. write the weights in the official Swin layout as a .pth (downsample at the end of stages
      0..2, head.*, index and mask buffers), convert it with scripts/convert_pth.py and compare
      swin_predict's logits on it with timm's.
+Steps 4 and 5 are Swin V1's (timm's own ONNX export and the official V1 layout); Swin V2's ONNX is
+swin.c's own, checked below.
 Then the ONNX export written by swin.c itself (BUILD/swin_export CKPT OUT.onnx), for Swin-T 224,
-Swin-B 384 (window 12), configs/fashion_mnist.ini's model and small odd shapes (H != W with three
-stages, a window larger than the map, 1 and 4 channels, 1 class, no qkv bias):
+Swin-B 384 (window 12), configs/fashion_mnist.ini's model, small odd shapes (H != W with three
+stages, a window larger than the map, 1 and 4 channels, 1 class, no qkv bias) and Swin V2
+(configs/swinv2_tiny_256.ini, and the three-stage H != W shape with pretrained windows):
   6. train 2 steps, export OUT.onnx in f32 and f16, with a dynamic batch and with batch=1;
   7. onnx.checker.check_model(full_check=True) on each file;
   8. ONNX Runtime's logits (CPU) for a batch of 1 and, through the dynamic batch, of 3 against
@@ -93,11 +97,18 @@ MODELS = {
     "swin_tiny": dict(config=os.path.join(REPO, "configs", "swin_tiny.ini"),
                       model_overrides=["model.num_classes=3"], img=224,
                       timm_kwargs=dict(num_classes=3)),
+    # Swin V2: steps 1-3 (steps 4-5 are V1's).
+    "swinv2_tiny": dict(config=os.path.join(REPO, "configs", "swinv2_tiny_256.ini"),
+                        model_overrides=["model.num_classes=3"], img=256,
+                        timm_name="swinv2_tiny_window8_256", v1_steps=False,
+                        timm_kwargs=dict(num_classes=3)),
 }
 
 
-def ini_text(img, in_chans, patch, embed, depths, heads, window, classes, qkv_bias=True):
-    return (f"[model]\nimg_size = {img}\nin_chans = {in_chans}\npatch_size = {patch}\n"
+def ini_text(img, in_chans, patch, embed, depths, heads, window, classes, qkv_bias=True,
+             version=1, pretrained="0"):
+    return (f"[model]\nversion = {version}\npretrained_window_sizes = {pretrained}\n"
+            f"img_size = {img}\nin_chans = {in_chans}\npatch_size = {patch}\n"
             f"embed_dim = {embed}\ndepths = {depths}\nnum_heads = {heads}\n"
             f"window_size = {window}\nqkv_bias = {str(qkv_bias).lower()}\n"
             f"num_classes = {classes}\n\n[train]\nlr = 1e-3\nlr_scale_batch = 0\n\n"
@@ -120,6 +131,12 @@ ONNX_MODELS = {
     # 4 channels, window 8 larger than the 4x6 map (window 4x6, no shift), no qkv bias.
     "rgba_window_gt_map": dict(ini=ini_text("8,12", 4, 2, 8, "3", "2", 8, 7, qkv_bias=False),
                                classes=7),
+    # Swin V2: swinv2_tiny_window8_256's model; the 16x32 three-stage shape with its position-bias
+    # coordinates normalized by pretrained windows 6, 5, 3.
+    "swinv2_tiny_256": dict(config=os.path.join(REPO, "configs", "swinv2_tiny_256.ini"),
+                            overrides=["model.num_classes=3"], classes=3),
+    "v2_rect_3stage": dict(ini=ini_text("16,32", 3, 2, 8, "2,2,2", "1,2,4", 4, 5, version=2,
+                                        pretrained="6,5,3"), classes=5),
 }
 
 
@@ -320,7 +337,8 @@ def check_model(name, spec, build, work, results):
     save_numpy({"input": x}, input_file)
     models, swin_logits = {}, {}
     for dtype, torch_dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
-        model = timm.create_model(TIMM_NAME, pretrained=False, **spec["timm_kwargs"])
+        model = timm.create_model(spec.get("timm_name", TIMM_NAME), pretrained=False,
+                                  **spec["timm_kwargs"])
         sd = load_export(exports[dtype], torch_dtype)
         model.load_state_dict(sd, strict=True)
         model = model.float().eval()
@@ -333,6 +351,8 @@ def check_model(name, spec, build, work, results):
                         timm_logits(model, x), TOL_TIMM)
     model = models["f32"]
     want = timm_logits(model, x)
+    if not spec.get("v1_steps", True):
+        return
 
     # 4. ONNX
     with guarded(results, name, "onnx export + onnxruntime"):
@@ -383,9 +403,14 @@ def read_model_config(ckpt):
             keys[k] = v
     ints = lambda v: tuple(int(x) for x in v.split(","))  # noqa: E731
     img = ints(keys["img_size"])
-    return dict(img_size=(img[0], img[-1]), in_chans=int(keys["in_chans"]),
+    depths = ints(keys["depths"])
+    pretrained = ints(keys.get("pretrained_window_sizes", "0"))
+    if len(pretrained) == 1:
+        pretrained = pretrained * len(depths)
+    return dict(version=int(keys.get("version", "1")), pretrained_window_sizes=pretrained,
+                img_size=(img[0], img[-1]), in_chans=int(keys["in_chans"]),
                 patch_size=int(keys["patch_size"]), embed_dim=int(keys["embed_dim"]),
-                depths=ints(keys["depths"]), num_heads=ints(keys["num_heads"]),
+                depths=depths, num_heads=ints(keys["num_heads"]),
                 window_size=int(keys["window_size"]), mlp_ratio=float(keys["mlp_ratio"]),
                 qkv_bias=keys["qkv_bias"] in ("true", "1", "yes"),
                 num_classes=int(keys["num_classes"]))
@@ -427,9 +452,11 @@ def check_onnx_model(name, spec, build, work, results, rows):
     import torch
     from safetensors.numpy import save_file as save_numpy
     from timm.models.swin_transformer import SwinTransformer
+    from timm.models.swin_transformer_v2 import SwinTransformerV2
 
     ckpt = train_checkpoint(name, spec, build, work)
     cfg = read_model_config(ckpt)
+    version, pretrained = cfg.pop("version"), cfg.pop("pretrained_window_sizes")
     H, W = cfg["img_size"]
     rng = np.random.default_rng(4321)
     inputs = {b: rng.standard_normal((b, H, W, cfg["in_chans"])).astype(np.float32)
@@ -437,8 +464,12 @@ def check_onnx_model(name, spec, build, work, results, rows):
     swin, timm_out, timm_f16 = {}, {}, {}
     weights = os.path.join(work, f"{name}_onnx_weights.safetensors")
     run([os.path.join(build, "swin_export"), ckpt, weights, "dtype=f32"])
-    model = SwinTransformer(**cfg, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
-                            global_pool="avg")
+    if version == 2:
+        model = SwinTransformerV2(**cfg, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
+                                  global_pool="avg", pretrained_window_sizes=pretrained)
+    else:
+        model = SwinTransformer(**cfg, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
+                                global_pool="avg")
     model.load_state_dict(load_export(weights, torch.float32), strict=True)
     model = model.float().eval()
     for b, x in inputs.items():
