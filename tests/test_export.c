@@ -1,7 +1,9 @@
 // test_export.c: weights out and in. Export then import is bit-exact in f32 and within the
 // format's precision in bf16/f16; import understands the official layout; a different class
 // count replaces the head with a notice; bias tables follow another window size; a missing,
-// extra or misshapen tensor is named.
+// extra or misshapen tensor is named. Swin V2: the same round trip; a V1 file into a V2 model and
+// the reverse are refused; another window loads as it is (nothing depends on it), with a notice
+// naming the model.pretrained_window_sizes that keeps the source's coordinates.
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <unistd.h>
@@ -25,8 +27,8 @@ static Config small(int classes) {
                                        .heads = {2, 4}});
 }
 
-static void make(Model *m, int classes, uint64_t seed) {
-  Config c = small(classes);
+static void make_from(Model *m, const Config *cfg, uint64_t seed) {
+  Config c = *cfg;
   Error err;
   if (model_create(m, &c, NULL, 0, &err) != 0) {
     printf("model_create: %s\n", err.msg);
@@ -36,6 +38,11 @@ static void make(Model *m, int classes, uint64_t seed) {
   TestRng r = {seed};  // non-trivial values everywhere (init leaves biases at 0, LN at 1)
   for (int i = 0; i < m->num_params; i++)  // tensor by tensor: the alignment gaps stay zero
     test_fill_uniform(&r, m->weights + m->params[i].offset, tensor_numel(&m->params[i].t), -1, 1);
+}
+
+static void make(Model *m, int classes, uint64_t seed) {
+  Config c = small(classes);
+  make_from(m, &c, seed);
 }
 
 static char *path(const char *name) {
@@ -285,6 +292,55 @@ int main(void) {
   test_check(import_weights(&b, path("none.safetensors"), NULL, &err) != 0 &&
                  strstr(err.msg, "none.safetensors"),
              "missing file named: %.100s", err.msg);
+
+  // Swin V2.
+  Config v2 = small(10);
+  v2.version = 2;
+  Model c, d;
+  make_from(&c, &v2, 3);
+  make_from(&d, &v2, 4);
+  test_check(export_weights(&c, path("v2.safetensors"), DTYPE_F32, NULL, &err) == 0 &&
+                 import_weights(&d, path("v2.safetensors"), NULL, &err) == 0 &&
+                 memcmp(c.weights, d.weights, sizeof(float) * c.num_floats) == 0,
+             "V2: export then import f32 is bit-exact (%d tensors)", c.num_params);
+  int rc = import_weights(&a, path("v2.safetensors"), NULL, &err);
+  test_check(
+      rc != 0 && strstr(err.msg, "holds Swin V2 weights") && strstr(err.msg, "model.version = 1"),
+      "V2 weights into a V1 model refused: %.160s", err.msg);
+  rc = import_weights(&d, path("a_f32.safetensors"), NULL, &err);
+  test_check(
+      rc != 0 && strstr(err.msg, "holds Swin V1 weights") && strstr(err.msg, "model.version = 2"),
+      "V1 weights into a V2 model refused: %.160s", err.msg);
+  // Window 4 -> 6 (24 px: 12x12 and 6x6 maps): every tensor keeps its shape.
+  Config v2w6 = v2;
+  v2w6.img_h = v2w6.img_w = 24;
+  v2w6.window_size = 6;
+  Model e;
+  make_from(&e, &v2w6, 5);
+  FILE *log = tmpfile();
+  rc = import_weights(&e, path("v2.safetensors"), log, &err);
+  char text[2048] = "";
+  rewind(log);
+  size_t got = fread(text, 1, sizeof text - 1, log);
+  text[got] = 0;
+  fclose(log);
+  test_check(rc == 0 && memcmp(c.weights, e.weights, sizeof(float) * c.num_floats) == 0 &&
+                 !strstr(text, "resized") &&
+                 strstr(text, "set model.pretrained_window_sizes=4,4 to keep"),
+             "V2 at window 6 from window 4: loaded as it is, nothing resized, the notice names "
+             "pretrained_window_sizes=4,4 (rc %d): %.200s",
+             rc, text);
+  e.cfg.pretrained_windows[0] = 4;  // what the notice asks for: no notice then
+  log = tmpfile();
+  rc = import_weights(&e, path("v2.safetensors"), log, &err);
+  got = (rewind(log), fread(text, 1, sizeof text - 1, log));
+  text[got] = 0;
+  fclose(log);
+  test_check(rc == 0 && !strstr(text, "pretrained_window_sizes"),
+             "V2 with model.pretrained_window_sizes=4: no notice");
+  model_destroy(&c);
+  model_destroy(&d);
+  model_destroy(&e);
 
   model_destroy(&a);
   model_destroy(&b);

@@ -69,11 +69,13 @@ static void notice_pretrained_windows(const Model *m, const SafeTensors *st, FIL
     snprintf(ours + k, sizeof ours - k, "%s%d", s ? "," : "", now > 0 ? now : g->wh);
   }
   if (differ)
-    fprintf(log,
-            "init_from: notice: the source's position-bias coordinates were normalized by "
-            "windows %s, this model's by %s; set model.pretrained_window_sizes=%s to keep the "
-            "source's (as timm's window*to* models and the official fine-tuning configs do)\n",
-            theirs, ours, theirs);
+    fprintf(
+        log,
+        "init_from: notice: the source's position-bias coordinates were normalized by "
+        "windows %s, this model's by %s; set model.pretrained_window_sizes=%s to keep the "
+        "source's (as timm's swinv2_*_window12to16_* models and the official fine-tuning configs "
+        "do)\n",
+        theirs, ours, theirs);
 }
 
 static void shape_text(char *buf, size_t size, int ndim, const int64_t *shape) {
