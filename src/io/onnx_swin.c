@@ -229,14 +229,12 @@ static const char *attention_bias(Graph *g, const char *block, const StageGeom *
       ->name;
 }
 
-// Window attention on windows as rows (N*nW*Nt, C) -> the proj output, same shape.
-static const char *attention(Graph *g, const char *block, const char *x, const StageGeom *st,
-                             const BlockWeights *w, bool shifted) {
-  int64_t N = st->N, heads = st->heads, hd = st->head_dim;
-  Name module, heads5, qkv_t, part[3], qs, kt, scores, win, biased, flat, soft, ctx, ctx_t, rows,
-      proj, scale_name;
-  const char *qkv = linear(g, fmt(module, "%s.attn.qkv", block), x, g->m->cfg.qkv_bias);
-  reshape(g, fmt(heads5, "%s.attn.qkv.heads", block), qkv, I64(-1, N, 3, heads, hd));
+// The qkv output (rows) as q, k, v (B_, heads, N, hd), named in part.
+static void split_qkv(Graph *g, const char *block, const char *qkv, const StageGeom *st,
+                      Name part[3]) {
+  Name heads5, qkv_t;
+  reshape(g, fmt(heads5, "%s.attn.qkv.heads", block), qkv,
+          I64(-1, st->N, 3, st->heads, st->head_dim));
   // (B_, N, 3, heads, hd) -> (3, B_, heads, N, hd), then q, k, v = one index each of axis 0.
   transpose(g, fmt(qkv_t, "%s.attn.qkv.transpose", block), heads5, PERM(2, 0, 3, 1, 4));
   const char *suffix[3] = {"q", "k", "v"};
@@ -245,14 +243,18 @@ static const char *attention(Graph *g, const char *block, const char *x, const S
                        ints(g, true, 1, (int64_t[]){i}), NULL);
     onnx_attr_int(n, "axis", 0);
   }
-  const char *q = part[0], *k = part[1], *v = part[2];
-  node(g, "Mul", fmt(qs, "%s.attn.q_scaled", block), q,
-       scalar(g, fmt(scale_name, "f.head_dim_%lld^-0.5", (long long)hd),
-              (float)(1.0 / sqrt((double)hd))),
-       NULL);
+}
+
+// From q (scaled) and k (B_, heads, N, hd): the scores plus the block's bias from table (+ the
+// mask), softmax, times v, back to rows (B_*N, C), the proj output.
+static const char *attention_scores_to_proj(Graph *g, const char *block, const char *q,
+                                            const char *k, const char *v, const float *table,
+                                            const StageGeom *st, bool shifted) {
+  int64_t N = st->N, heads = st->heads;
+  Name kt, scores, win, biased, flat, soft, ctx, ctx_t, rows, proj;
   transpose(g, fmt(kt, "%s.attn.k_t", block), k, PERM(0, 1, 3, 2));
-  const char *s = node(g, "MatMul", fmt(scores, "%s.attn.scores", block), qs, kt, NULL)->name;
-  const char *bias = attention_bias(g, block, st, w->rel_table, shifted);
+  const char *s = node(g, "MatMul", fmt(scores, "%s.attn.scores", block), q, kt, NULL)->name;
+  const char *bias = attention_bias(g, block, st, table, shifted);
   if (shifted) {
     // (B_, heads, N, N) as (N_img, nW, heads, N, N): window b of an image takes mask b % nW.
     s = reshape(g, fmt(win, "%s.attn.scores.windows", block), s, I64(-1, st->nW, heads, N, N));
@@ -268,6 +270,20 @@ static const char *attention(Graph *g, const char *block, const char *x, const S
   transpose(g, fmt(ctx_t, "%s.attn.context.transpose", block), ctx, PERM(0, 2, 1, 3));
   reshape(g, fmt(rows, "%s.attn.context.rows", block), ctx_t, I64(-1, st->C));
   return linear(g, fmt(proj, "%s.attn.proj", block), rows, true);
+}
+
+// Window attention on windows as rows (N*nW*Nt, C) -> the proj output, same shape.
+static const char *attention(Graph *g, const char *block, const char *x, const StageGeom *st,
+                             const BlockWeights *w, bool shifted) {
+  int64_t hd = st->head_dim;
+  Name module, part[3], qs, scale_name;
+  split_qkv(g, block, linear(g, fmt(module, "%s.attn.qkv", block), x, g->m->cfg.qkv_bias), st,
+            part);
+  node(g, "Mul", fmt(qs, "%s.attn.q_scaled", block), part[0],
+       scalar(g, fmt(scale_name, "f.head_dim_%lld^-0.5", (long long)hd),
+              (float)(1.0 / sqrt((double)hd))),
+       NULL);
+  return attention_scores_to_proj(g, block, qs, part[1], part[2], w->rel_table, st, shifted);
 }
 
 // F.normalize over the last axis: x / max(|x|, eps).
@@ -287,28 +303,20 @@ static const char *l2_normalize(Graph *g, const char *name, const char *x) {
 // cpb_mlp(coords)) (kernels/cosine_attention.h's CPU reference), gathered like V1's table.
 static const char *attention_v2(Graph *g, const char *block, const char *x, const StageGeom *st,
                                 const BlockWeights *w, bool shifted) {
-  int64_t N = st->N, heads = st->heads, hd = st->head_dim, C = st->C;
-  Name module, weight, bias_name, heads5, qkv_t, part[3], qn, kn, qs, scale_name, kt, scores, win,
-      biased, flat, soft, ctx, ctx_t, rows, proj;
-  OnnxNode *qkv_node = node(g, "Gemm", fmt(module, "%s.attn.qkv", block), x,
-                            param(g, fmt(weight, "%s.attn.qkv.weight", block)), NULL);
-  onnx_attr_int(qkv_node, "transB", 1);
+  int64_t heads = st->heads, C = st->C;
+  Name module, weight, bias_name, part[3], qn, kn, qs, scale_name;
+  OnnxNode *qkv = node(g, "Gemm", fmt(module, "%s.attn.qkv", block), x,
+                       param(g, fmt(weight, "%s.attn.qkv.weight", block)), NULL);
+  onnx_attr_int(qkv, "transB", 1);
   if (w->q_bias) {
     float *b = calloc_check((size_t)(3 * C), sizeof *b);
     memcpy(b, w->q_bias, sizeof *b * (size_t)C);
     memcpy(b + 2 * C, w->v_bias, sizeof *b * (size_t)C);
-    onnx_node_input(qkv_node, add_values(g, fmt(bias_name, "%s.attn.qkv_bias", block), 1,
-                                         (int64_t[]){3 * C}, b, b)
-                                  ->name);
+    onnx_node_input(
+        qkv, add_values(g, fmt(bias_name, "%s.attn.qkv_bias", block), 1, (int64_t[]){3 * C}, b, b)
+                 ->name);
   }
-  reshape(g, fmt(heads5, "%s.attn.qkv.heads", block), module, I64(-1, N, 3, heads, hd));
-  transpose(g, fmt(qkv_t, "%s.attn.qkv.transpose", block), heads5, PERM(2, 0, 3, 1, 4));
-  const char *suffix[3] = {"q", "k", "v"};
-  for (int i = 0; i < 3; i++) {
-    OnnxNode *n = node(g, "Gather", fmt(part[i], "%s.attn.%s", block, suffix[i]), qkv_t,
-                       ints(g, true, 1, (int64_t[]){i}), NULL);
-    onnx_attr_int(n, "axis", 0);
-  }
+  split_qkv(g, block, module, st, part);
   l2_normalize(g, fmt(qn, "%s.attn.q_normalized", block), part[0]);
   l2_normalize(g, fmt(kn, "%s.attn.k_normalized", block), part[1]);
   float *scale = malloc_check(sizeof *scale * (size_t)heads);
@@ -318,28 +326,14 @@ static const char *attention_v2(Graph *g, const char *block, const char *x, cons
                   (int64_t[]){heads, 1, 1}, scale, scale)
            ->name,
        NULL);
-  transpose(g, fmt(kt, "%s.attn.k_t", block), kn, PERM(0, 1, 3, 2));
-  const char *s = node(g, "MatMul", fmt(scores, "%s.attn.scores", block), qs, kt, NULL)->name;
   float *table = malloc_check(sizeof *table * (size_t)(st->cpb_rows * heads));
   float *hidden = malloc_check(sizeof *hidden * (size_t)st->cpb_rows * CPB_HIDDEN);
   cpb_forward_cpu(table, hidden, st->cpb_coords, w->cpb_w1, w->cpb_b1, w->cpb_w2, st->cpb_rows,
                   st->heads);
   free(hidden);
-  const char *bias = attention_bias(g, block, st, table, shifted);
+  const char *proj = attention_scores_to_proj(g, block, qs, kn, part[2], table, st, shifted);
   free(table);
-  if (shifted) {
-    s = reshape(g, fmt(win, "%s.attn.scores.windows", block), s, I64(-1, st->nW, heads, N, N));
-    s = node(g, "Add", fmt(biased, "%s.attn.scores_biased", block), s, bias, NULL)->name;
-    s = reshape(g, fmt(flat, "%s.attn.scores_biased.flat", block), s, I64(-1, heads, N, N));
-  } else {
-    s = node(g, "Add", fmt(biased, "%s.attn.scores_biased", block), s, bias, NULL)->name;
-  }
-  OnnxNode *sm = node(g, "Softmax", fmt(soft, "%s.attn.softmax", block), s, NULL);
-  onnx_attr_int(sm, "axis", -1);
-  node(g, "MatMul", fmt(ctx, "%s.attn.context", block), soft, part[2], NULL);
-  transpose(g, fmt(ctx_t, "%s.attn.context.transpose", block), ctx, PERM(0, 2, 1, 3));
-  reshape(g, fmt(rows, "%s.attn.context.rows", block), ctx_t, I64(-1, st->C));
-  return linear(g, fmt(proj, "%s.attn.proj", block), rows, true);
+  return proj;
 }
 
 // V2 block (res-post-norm): x1 = x + norm1(attn(x)), out = x1 + norm2(mlp(x1)).
