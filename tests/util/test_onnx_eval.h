@@ -51,8 +51,13 @@ static EvalValue *eval_find(Eval *e, const char *name) {
   return NULL;
 }
 
-// A new value (zeroed); the pointer is valid until the next eval_new.
-static EvalValue *eval_new(Eval *e, const char *name, int ndim, const int64_t *dims) {
+// A new value (zeroed); the pointer is valid until the next eval_new. name and dims may point
+// into a value of e (copied before the table grows, which moves every value).
+static EvalValue *eval_new(Eval *e, const char *name_in, int ndim, const int64_t *dims_in) {
+  char name[sizeof e->vals[0].name];
+  int64_t dims[ONNX_MAX_DIMS];
+  snprintf(name, sizeof name, "%s", name_in);
+  for (int d = 0; d < ndim && d < ONNX_MAX_DIMS; d++) dims[d] = dims_in[d];
   if (e->n == e->cap) {
     e->cap = e->cap ? 2 * e->cap : 256;
     e->vals = realloc(e->vals, sizeof *e->vals * (size_t)e->cap);
