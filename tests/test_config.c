@@ -422,6 +422,20 @@ static void test_validate_errors(void) {
               "225 is not a multiple of model.patch_size 4", "e.g. 224 or 228");
   CHECK_ERROR("image width not tiling", VALIDATE_WITH(&err, "model.img_size=224,230"), &err,
               "the width 230");
+  CHECK_ERROR("V2 with recompute", VALIDATE_WITH(&err, "model.version=2", "train.recompute=all"),
+              &err, "train.recompute = all", "model.version = 2",
+              "HINT: set train.recompute = none");
+  CHECK_ERROR("pretrained windows per stage",
+              VALIDATE_WITH(&err, "model.pretrained_window_sizes=8,8"), &err,
+              "model.pretrained_window_sizes has 2 values but the model has 4 stages",
+              "HINT: give 1 value (every stage) or 4");
+  CHECK_ERROR("V2 window side of 1",
+              VALIDATE_WITH(&err, "model.version=2", "model.img_size=32", "model.window_size=8"),
+              &err, "model.version = 2: stage 3 has 1x1 windows", "0 for a side of 1", "HINT:");
+  check_ok("V2 window side of 1 with pretrained windows 2 validates",
+           VALIDATE_WITH(&err, "model.version=2", "model.img_size=32", "model.window_size=8",
+                         "model.pretrained_window_sizes=2"),
+           &err);
   CHECK_ERROR("stage map not tiling into windows",
               VALIDATE_WITH(&err, "model.img_size=112", "model.window_size=4"), &err,
               "stage 1 map 14x14 does not tile into 4x4 windows",
