@@ -5,8 +5,9 @@
 // bf16 and fp16. Every way src/model/model.c calls the fused op is a
 // mode below (window partition / reverse folded in through shifted and unshifted maps, drop-path
 // scales with a zero, dres aliasing, no dres, no LayerNorm term); the shapes cover the 16-byte
-// path, the scalar path (C = 30), Swin-T's stage 1 at batch 2, and a large C (fewer warps per
-// backward block). The merge runs on those shapes and on Swin-T's three merges (C = 96, 192, 384 on
+// path, the scalar path (C = 30), Swin-T's stage 1 at batch 2, Swin V2-T's stage 1 at batch 32
+// (the res-post-norm register backward's slots then take two rows each), and a large C (fewer
+// warps per backward block). The merge runs on those shapes and on Swin-T's three merges (C = 96, 192, 384 on
 // 56x56, 28x28, 14x14 maps, batches large enough that each backward slot takes several rows), a
 // ragged one (the last block part full, odd W/2); together they reach every register shape of
 // bf16 / fp16 / fp32 that Swin-T uses and both fallbacks (C = 30 scalar; 4C = 6144, too wide for
@@ -28,6 +29,7 @@ typedef struct {
 static const LnShape shapes[] = {
     {"small", 2, 8, 12, 48, 4, 2},
     {"Swin-T stage 1", 2, 28, 28, 192, 7, 3},
+    {"Swin V2-T stage 1 (256 px, window 8; rows per backward slot > 1)", 32, 32, 32, 96, 8, 4},
     {"odd width (scalar path)", 2, 8, 12, 30, 4, 2},
     {"large C (4 warps per backward block, 1 in the merge)", 2, 8, 8, 1536, 4, 2},
 };

@@ -1428,7 +1428,7 @@ static const OpRow rows[] = {
      &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
     // Swin V2's cosine q, k: the same f32 arithmetic from the same values (the norms' sums in
-    // f32 on the GPU, double on the CPU), q', k', v' stored once in dt; the backward's
+    // f32 on the GPU, in a shuffle tree over a pair's lanes, double on the CPU), q', k', v' stored once in dt; the backward's
     // logit-scale sums of f32 values on both, its bias sums those of dqkv as stored on the GPU
     // (its roundings, random signs). 200 rows: a ragged last block of pairs. The last head's
     // logit scale is clamped: no gradient on both.
@@ -1452,6 +1452,18 @@ static const OpRow rows[] = {
      run_cosine_qk_backward,
      &(const CosineCase){200, 24, 32, false},
      {{"dqkv", ROUNDED}, {"dlogit_scale", FP32}}},
+    // head_dim 12: in bf16 / fp16 not a whole 16-byte vector (a warp per pair, one element a
+    // lane), in f32 3 vectors over 4 lanes (one idle).
+    {"cosine_qk_forward",
+     "q/v bias, 200 rows, 4 heads of 12",
+     run_cosine_qk_forward,
+     &(const CosineCase){200, 4, 12, true},
+     {{"qkv", ROUNDED}, {"norms", FP32}}},
+    {"cosine_qk_backward",
+     "q/v bias, 200 rows, 4 heads of 12",
+     run_cosine_qk_backward,
+     &(const CosineCase){200, 4, 12, true},
+     {{"dqkv", ROUNDED}, {"dq_bias", ROUNDED}, {"dv_bias", ROUNDED}, {"dlogit_scale", FP32}}},
     {"cosine_qk_backward",
      "q/v bias, 2500 rows (235 blocks of 256 pairs, the last one partial), 24 heads of 32",
      run_cosine_qk_backward,

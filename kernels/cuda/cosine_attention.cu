@@ -1,13 +1,16 @@
 // cosine_attention.cu: CUDA scaled-cosine q, k and continuous position bias (the spec is
 // kernels/cpu/cosine_attention.c; declared in kernels/cosine_attention.h).
 //
-// cosine q, k: a thread per (row, head), its channels read 16 bytes at a time where the layout
-// allows, the norms and dot products summed in f32 over the channels in order (a warp per pair
-// spent its time on per-pair overhead: 27 ms of a 54 ms Swin V2-T step, kernels/PERF.md). The
-// backward's sums over rows go through fixed orders: the logit-scale gradient per block of 256
-// pairs (its threads in order), then column_partials_reduce_cuda over the blocks (double); the
-// q / v bias gradients are column_sums_cuda of dqkv as stored (as the attention's SIMT and flash
-// paths sum theirs): the bits depend on the shapes only.
+// cosine q, k: a few lanes per (row, head) pair, enough for one 16-byte vector each of the head's
+// channels where the layout allows (head_dim 32 in bf16: 4 lanes; else one element a lane over a
+// warp), so a warp's accesses cover whole runs of a row and each element is read and written once
+// from registers. The norms and dot products are f32 sums over each lane's channels, then the
+// lanes' shuffle tree. (A warp per pair spent its time on per-pair overhead, a thread per pair on
+// scattered accesses: kernels/PERF.md.) The backward's sums over rows go through fixed orders: the
+// logit-scale gradient per block of 256 pairs (its pairs in order), then
+// column_partials_reduce_cuda over the blocks (double); the q / v bias gradients are
+// column_sums_cuda of dqkv as stored (as the attention's SIMT and flash paths sum theirs): the
+// bits depend on the shapes only.
 //
 // CPB: the MLP is tiny (T <= 2209 rows, heads <= 48 at window 24), so simple kernels in double:
 // a thread per hidden element and per table element (the same double sums, in the same order, as
@@ -16,6 +19,8 @@
 // and add up in a fixed tree.
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cosine_attention.h"
 #include "kernels/cuda/common.cuh"
@@ -47,7 +52,19 @@ __device__ __forceinline__ float logit_multiplier(float logit_scale) {
   return (float)exp((double)fminf(logit_scale, COSINE_LOGIT_MAX));
 }
 
-// The (row, head) pair of thread p, and its q (k, v follow at C and 2C) in qkv (rows, 3C).
+// Lanes a (row, head) pair takes for `vectors` vectors of its head: the smallest power of two
+// covering them, at most a warp. Vector j of lane l covers channels (j * LANES + l) * VEC ...;
+// a lane holds one vector, more only at 32 lanes (up to COSINE_CUDA_MAX_HEAD_DIM channels).
+inline int pair_lanes(int vectors) {
+  int lanes = 1;
+  while (lanes < vectors && lanes < 32) lanes *= 2;
+  return lanes;
+}
+template <int VEC, int LANES>
+constexpr int kLaneVectors =
+    LANES < 32 ? 1 : (COSINE_CUDA_MAX_HEAD_DIM + 32 * VEC - 1) / (32 * VEC);
+
+// The (row, head) pair p's q in qkv (rows, 3C) (k and v follow at C and 2C), its row and head.
 template <typename T>
 __device__ __forceinline__ T *pair_q(T *qkv, int64_t p, int C, int heads, int64_t *r, int *h) {
   *r = p / heads;
@@ -55,113 +72,138 @@ __device__ __forceinline__ T *pair_q(T *qkv, int64_t p, int C, int heads, int64_
   return qkv + *r * 3 * C + (int64_t)*h * (C / heads);
 }
 
-// A thread per (row, head), VEC channels per access: the sums of squares in f32 over the
-// channels in order, then q, k normalized (q times the logit multiplier) and v biased in place.
-template <typename T, int VEC>
+// LANES lanes per (row, head) pair, each with its vectors of q (plus q_bias) and k in registers:
+// the sums of squares in f32 (each lane's channels in order, then the group's shuffle tree), then
+// q, k normalized (q times the logit multiplier) and v biased in place.
+template <typename T, int VEC, int LANES>
 __global__ void __launch_bounds__(kThreads)
     cosine_qk_forward_kernel(T *__restrict__ qkv, float *__restrict__ norms,
                              const float *__restrict__ q_bias, const float *__restrict__ v_bias,
                              const float *__restrict__ logit_scale, int64_t pairs, int C,
                              int heads) {
-  const int64_t p = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-  if (p >= pairs) return;
+  constexpr int NV = kLaneVectors<VEC, LANES>;
+  const int64_t g = (int64_t)blockIdx.x * kThreads + threadIdx.x, p = g / LANES;
+  const int sl = (int)(g % LANES);
+  const bool active = p < pairs;  // inactive lanes still take part in the shuffles
   int64_t r;
   int h;
-  T *q = pair_q(qkv, p, C, heads, &r, &h), *k = q + C, *v = k + C;
+  T *q = pair_q(qkv, active ? p : 0, C, heads, &r, &h), *k = q + C, *v = k + C;
   const int hd = C / heads, c0 = h * hd;
+  float a[NV][VEC], b[NV][VEC];
   float sq = 0.0f, sk = 0.0f;
-  for (int d = 0; d < hd; d += VEC) {
-    float a[VEC], b[VEC];
-    load_vec<T, VEC>(a, q + d);
-    load_vec<T, VEC>(b, k + d);
+#pragma unroll
+  for (int j = 0; j < NV; j++) {
+    const int d = (j * LANES + sl) * VEC;
+    if (d >= hd) continue;
+    load_vec<T, VEC>(a[j], q + d);
+    load_vec<T, VEC>(b[j], k + d);
+    if (q_bias) {
+      float qb[VEC];
+      load_vec<float, VEC>(qb, q_bias + c0 + d);
+#pragma unroll
+      for (int i = 0; i < VEC; i++) a[j][i] += qb[i];
+    }
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
-      const float x = a[i] + (q_bias ? q_bias[c0 + d + i] : 0.0f);
-      sq += x * x;
-      sk += b[i] * b[i];
+      sq += a[j][i] * a[j][i];
+      sk += b[j][i] * b[j][i];
     }
   }
-  const float nq = sqrtf(sq), nk = sqrtf(sk), mul = logit_multiplier(logit_scale[h]);
+  const float nq = sqrtf(group_sum<LANES>(sq)), nk = sqrtf(group_sum<LANES>(sk));
+  if (!active) return;
+  const float mul = logit_multiplier(logit_scale[h]);
   const float dq = fmaxf(nq, COSINE_NORM_EPS), dk = fmaxf(nk, COSINE_NORM_EPS);
-  for (int d = 0; d < hd; d += VEC) {
-    float a[VEC], b[VEC];
-    load_vec<T, VEC>(a, q + d);
-    load_vec<T, VEC>(b, k + d);
+#pragma unroll
+  for (int j = 0; j < NV; j++) {
+    const int d = (j * LANES + sl) * VEC;
+    if (d >= hd) continue;
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
-      a[i] = (a[i] + (q_bias ? q_bias[c0 + d + i] : 0.0f)) / dq * mul;
-      b[i] = b[i] / dk;
+      a[j][i] = a[j][i] / dq * mul;
+      b[j][i] = b[j][i] / dk;
     }
-    store_vec<T, VEC>(q + d, a);
-    store_vec<T, VEC>(k + d, b);
+    store_vec<T, VEC>(q + d, a[j]);
+    store_vec<T, VEC>(k + d, b[j]);
     if (v_bias) {
-      float c[VEC];
+      float c[VEC], vb[VEC];
       load_vec<T, VEC>(c, v + d);
+      load_vec<float, VEC>(vb, v_bias + c0 + d);
 #pragma unroll
-      for (int i = 0; i < VEC; i++) c[i] += v_bias[c0 + d + i];
+      for (int i = 0; i < VEC; i++) c[i] += vb[i];
       store_vec<T, VEC>(v + d, c);
     }
   }
-  norms[(r * 2 + 0) * heads + h] = nq;
-  norms[(r * 2 + 1) * heads + h] = nk;
-}
-
-// y . dy over the head's channels (f32, in order), y and dy as stored.
-template <typename T, int VEC>
-__device__ __forceinline__ float head_dot(const T *y, const T *dy, int hd) {
-  float dot = 0.0f;
-  for (int d = 0; d < hd; d += VEC) {
-    float a[VEC], b[VEC];
-    load_vec<T, VEC>(a, y + d);
-    load_vec<T, VEC>(b, dy + d);
-#pragma unroll
-    for (int i = 0; i < VEC; i++) dot += a[i] * b[i];
-  }
-  return dot;
-}
-
-// dy (in place) <- the gradient of x from that of y = x / max(|x|, eps) * mul, y as saved:
-// (dy mul - y / mul (y . dy)) / |x|, or dy mul / eps where |x| <= eps.
-template <typename T, int VEC>
-__device__ __forceinline__ void normalize_backward(T *dy, const T *y, float dot, float norm,
-                                                   float mul, int hd) {
-  for (int d = 0; d < hd; d += VEC) {
-    float g[VEC], a[VEC];
-    load_vec<T, VEC>(g, dy + d);
-    load_vec<T, VEC>(a, y + d);
-#pragma unroll
-    for (int i = 0; i < VEC; i++)
-      g[i] = norm > COSINE_NORM_EPS ? (g[i] * mul - a[i] / mul * dot) / norm
-                                    : g[i] * mul / COSINE_NORM_EPS;
-    store_vec<T, VEC>(dy + d, g);
+  if (sl == 0) {
+    norms[(r * 2 + 0) * heads + h] = nq;
+    norms[(r * 2 + 1) * heads + h] = nk;
   }
 }
 
-// A thread per (row, head): dq, dk in place on dqkv (dv is the incoming gradient as it is); the
-// block's sums of q' . dq' per head, its threads added in order, to l_partial (blocks, heads): 0
+// The gradient of x from that of y = x / max(|x|, eps) * mul, y as saved, dot = y . dy:
+// (dy mul - y / mul dot) / |x|, or dy mul / eps where |x| <= eps.
+__device__ __forceinline__ float normalize_backward(float dy, float y, float dot, float norm,
+                                                    float mul) {
+  return norm > COSINE_NORM_EPS ? (dy * mul - y / mul * dot) / norm : dy * mul / COSINE_NORM_EPS;
+}
+
+// Block b owns pairs [256 b, 256 b + 256), LANES lanes a pair, 256 / LANES pairs at a time: dq,
+// dk in place on dqkv (dv is the incoming gradient as it is), from q', dq', k', dk' in registers
+// and their dot products (f32, each lane's channels in order, then the group's shuffle tree). The
+// block's sums of q' . dq' per head, its pairs added in order, go to l_partial (blocks, heads): 0
 // where the clamp passes no gradient.
-template <typename T, int VEC>
+template <typename T, int VEC, int LANES>
 __global__ void __launch_bounds__(kThreads)
     cosine_qk_backward_kernel(T *__restrict__ dqkv, float *__restrict__ l_partial,
                               const T *__restrict__ qkv, const float *__restrict__ norms,
                               const float *__restrict__ logit_scale, int64_t pairs, int C,
                               int heads) {
+  constexpr int NV = kLaneVectors<VEC, LANES>, kPairsAtOnce = kThreads / LANES;
   __shared__ float dots[kThreads];
-  const int64_t p0 = (int64_t)blockIdx.x * kThreads, p = p0 + threadIdx.x;
-  float dot_q = 0.0f;
-  if (p < pairs) {
+  const int64_t p0 = (int64_t)blockIdx.x * kThreads;
+  const int sl = threadIdx.x % LANES, hd = C / heads;
+  for (int it = 0; it < LANES; it++) {
+    const int local = it * kPairsAtOnce + threadIdx.x / LANES;
+    const int64_t p = p0 + local;
+    const bool active = p < pairs;  // inactive lanes still take part in the shuffles
     int64_t r;
     int h;
-    T *dq = pair_q(dqkv, p, C, heads, &r, &h), *dk = dq + C;
+    T *dq = pair_q(dqkv, active ? p : 0, C, heads, &r, &h), *dk = dq + C;
     const T *q = qkv + (dq - dqkv), *k = q + C;
-    const int hd = C / heads;
+    float y[NV][VEC], gy[NV][VEC], z[NV][VEC], gz[NV][VEC];
+    float dot_q = 0.0f, dot_k = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int d = (j * LANES + sl) * VEC;
+      if (d >= hd) continue;
+      load_vec<T, VEC>(y[j], q + d);
+      load_vec<T, VEC>(gy[j], dq + d);
+      load_vec<T, VEC>(z[j], k + d);
+      load_vec<T, VEC>(gz[j], dk + d);
+#pragma unroll
+      for (int i = 0; i < VEC; i++) {
+        dot_q += y[j][i] * gy[j][i];
+        dot_k += z[j][i] * gz[j][i];
+      }
+    }
+    dot_q = group_sum<LANES>(dot_q);
+    dot_k = group_sum<LANES>(dot_k);
+    if (sl == 0) dots[local] = active ? dot_q : 0.0f;
+    if (!active) continue;
     const float mul = logit_multiplier(logit_scale[h]);
-    dot_q = head_dot<T, VEC>(q, dq, hd);
-    const float dot_k = head_dot<T, VEC>(k, dk, hd);
-    normalize_backward<T, VEC>(dq, q, dot_q, norms[(r * 2 + 0) * heads + h], mul, hd);
-    normalize_backward<T, VEC>(dk, k, dot_k, norms[(r * 2 + 1) * heads + h], 1.0f, hd);
+    const float nq = norms[(r * 2 + 0) * heads + h], nk = norms[(r * 2 + 1) * heads + h];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int d = (j * LANES + sl) * VEC;
+      if (d >= hd) continue;
+#pragma unroll
+      for (int i = 0; i < VEC; i++) {
+        gy[j][i] = normalize_backward(gy[j][i], y[j][i], dot_q, nq, mul);
+        gz[j][i] = normalize_backward(gz[j][i], z[j][i], dot_k, nk, 1.0f);
+      }
+      store_vec<T, VEC>(dq + d, gy[j]);
+      store_vec<T, VEC>(dk + d, gz[j]);
+    }
   }
-  dots[threadIdx.x] = dot_q;
   __syncthreads();
   if (threadIdx.x < heads) {  // head h: the block's pairs p0 + t with (p0 + t) % heads == h
     const int h = (int)threadIdx.x;
@@ -181,11 +223,31 @@ __global__ void add_qv_columns(float *__restrict__ out_q, float *__restrict__ ou
   if (out_v) out_v[c] += sums[2 * C + c];
 }
 
-// 16-byte accesses when every head's channels start 16-byte aligned in rows of 3C.
+// 16-byte accesses when every head's channels start 16-byte aligned in rows of 3C, and so do
+// the biases (VEC floats at a time).
 template <typename T>
-bool vec16_ok(const void *qkv, int C, int heads) {
+bool vec16_ok(std::initializer_list<const void *> ptrs, int C, int heads) {
   const int v = kVec16<T>;
-  return (C / heads) % v == 0 && (3 * C) % v == 0 && ((uintptr_t)qkv % 16) == 0;
+  bool ok = (C / heads) % v == 0 && (3 * C) % v == 0;
+  for (const void *p : ptrs) ok = ok && ((uintptr_t)p % 16) == 0;
+  return ok;
+}
+
+// Calls f(integral_constant<VEC>, integral_constant<LANES>) for the pair layout: 16-byte vectors
+// over the lanes pair_lanes gives them where vec16_ok holds, else one element a lane over a warp.
+template <typename T, typename F>
+void with_pair_layout(bool vec16, int hd, F f) {
+  using std::integral_constant;
+  constexpr int V = kVec16<T>;
+  if (!vec16) return f(integral_constant<int, 1>{}, integral_constant<int, 32>{});
+  switch (pair_lanes(hd / V)) {
+    case 1: return f(integral_constant<int, V>{}, integral_constant<int, 1>{});
+    case 2: return f(integral_constant<int, V>{}, integral_constant<int, 2>{});
+    case 4: return f(integral_constant<int, V>{}, integral_constant<int, 4>{});
+    case 8: return f(integral_constant<int, V>{}, integral_constant<int, 8>{});
+    case 16: return f(integral_constant<int, V>{}, integral_constant<int, 16>{});
+    default: return f(integral_constant<int, V>{}, integral_constant<int, 32>{});
+  }
 }
 
 // ---- CPB --------------------------------------------------------------------------------------
@@ -278,12 +340,12 @@ void cosine_qk_forward_cuda(DType dt, void *qkv, float *norms, const float *q_bi
   const int64_t pairs = rows * heads;
   SWIN_DISPATCH(dt, T, {
     T *x = static_cast<T *>(qkv);
-    if (vec16_ok<T>(qkv, C, heads))
-      cosine_qk_forward_kernel<T, kVec16<T>><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
+    const bool vec16 = vec16_ok<T>({qkv, q_bias, v_bias}, C, heads);
+    with_pair_layout<T>(vec16, C / heads, [&](auto VEC, auto LANES) {
+      constexpr int kV = decltype(VEC)::value, kL = decltype(LANES)::value;
+      cosine_qk_forward_kernel<T, kV, kL><<<blocks_for(pairs * kL, kThreads), kThreads, 0, s>>>(
           x, norms, q_bias, v_bias, logit_scale, pairs, C, heads);
-    else
-      cosine_qk_forward_kernel<T, 1><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
-          x, norms, q_bias, v_bias, logit_scale, pairs, C, heads);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -305,12 +367,11 @@ void cosine_qk_backward_cuda(DType dt, void *dqkv, float *dq_bias, float *dv_bia
   SWIN_DISPATCH(dt, T, {
     T *d = static_cast<T *>(dqkv);
     const T *x = static_cast<const T *>(qkv);
-    if (vec16_ok<T>(dqkv, C, heads) && vec16_ok<T>(qkv, C, heads))
-      cosine_qk_backward_kernel<T, kVec16<T>><<<(unsigned)blocks, kThreads, 0, s>>>(
+    with_pair_layout<T>(vec16_ok<T>({dqkv, qkv}, C, heads), C / heads, [&](auto VEC, auto LANES) {
+      constexpr int kV = decltype(VEC)::value, kL = decltype(LANES)::value;
+      cosine_qk_backward_kernel<T, kV, kL><<<(unsigned)blocks, kThreads, 0, s>>>(
           d, l_partial, x, norms, logit_scale, pairs, C, heads);
-    else
-      cosine_qk_backward_kernel<T, 1><<<(unsigned)blocks, kThreads, 0, s>>>(
-          d, l_partial, x, norms, logit_scale, pairs, C, heads);
+    });
   });
   CUDA_CHECK_LAUNCH();
   if (dq_bias || dv_bias) {  // the column sums of dq and dv as stored, in a fixed order

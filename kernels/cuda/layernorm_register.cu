@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/layernorm_register.cuh"
 
 namespace swin_cuda::layernorm {
 namespace {
@@ -19,13 +19,6 @@ namespace {
 // row slot's dweight / dbias terms over all its rows (a lane always owns the same columns): the
 // residual's in shared memory (see residual_layernorm_backward_reg_kernel), the merge's in
 // registers; the row slots of a block are combined in a fixed order at the end.
-
-template <int LANES>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 template <typename T, int VEC, int MAXV, int LANES>
 __global__ void __launch_bounds__(kForwardThreads)
@@ -61,20 +54,8 @@ __global__ void __launch_bounds__(kForwardThreads)
     }
   }
   if (!ln_out) return;
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C)
-#pragma unroll
-      for (int e = 0; e < VEC; e++) sum += v[k][e];
-  const float m = group_sum<LANES>(sum) / C;
-  float sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C)
-#pragma unroll
-      for (int e = 0; e < VEC; e++) sq += (v[k][e] - m) * (v[k][e] - m);
-  const float r = 1.0f / sqrtf(group_sum<LANES>(sq) / C + LAYERNORM_EPS);
+  float m, r;
+  row_stats<VEC, MAXV, LANES>(v, C, sl, &m, &r);
   if (!active) return;
   T *y = ln_out + mapped_row(lmap, row, L) * C;
 #pragma unroll
@@ -118,13 +99,8 @@ __device__ void store_slot_partials(float *partial, float *acc_all, const float 
       if (count == 2) acc[C + c + e] = b[k][e];
     }
   }
-  __syncthreads();
-  float *out = partial + (int64_t)blockIdx.x * parts * C + (int64_t)first * C;
-  for (int c = threadIdx.x; c < width; c += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * width + c];
-    out[c] = total;
-  }
+  store_slot_sums(partial + (int64_t)blockIdx.x * parts * C + (int64_t)first * C, acc_all, width,
+                  slots);
 }
 
 // Resident 256-thread blocks per SM of the register backward's shapes, which its launch bounds
@@ -135,22 +111,6 @@ constexpr int reg_backward_blocks_per_sm(int maxv) {
 // The register backward's shared memory budget per block (opted in above 48 KiB): 8 warps'
 // running sums up to C = 1024 with one row per warp.
 constexpr int kRegBackwardSharedBytes = 96 * 1024;
-
-// acc[e] = a[e] * b[e] + acc[e] (one rounding, as a register accumulator's += a * b compiles),
-// or with b NULL acc[e] += a[e], for the VEC floats at acc (shared memory, 16-byte aligned: VEC
-// is 4 or 8).
-template <int VEC>
-__device__ __forceinline__ void shared_fma(float *acc, const float (&a)[VEC], const float *b) {
-#pragma unroll
-  for (int q = 0; q < VEC / 4; q++) {
-    float4 v = reinterpret_cast<float4 *>(acc)[q];
-    float *f = reinterpret_cast<float *>(&v);
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      f[e] = b ? fmaf(a[4 * q + e], b[4 * q + e], f[e]) : f[e] + a[4 * q + e];
-    reinterpret_cast<float4 *>(acc)[q] = v;
-  }
-}
 
 // Each row slot (LANES lanes) keeps its running dweight, dbias and dbranch sums in shared
 // memory (kResidualParts x C floats per slot, each lane the columns it loads) rather than in
@@ -171,25 +131,17 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
         int64_t rows_per_block, bool sum_branch) {
   static_assert(VEC % 4 == 0, "shared_fma works on float4");
   extern __shared__ float4 shared_f4[];
-  constexpr int kRowsPerWarp = 32 / LANES;
-  const int lane = threadIdx.x % 32, sl = lane % LANES;
-  const int slots = blockDim.x / 32 * kRowsPerWarp;
-  const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
+  const RowSlots<LANES> rs(rows_per_block, N);
+  const int sl = rs.sl, slot = rs.slot, slots = rs.slots;
   float *acc_all = reinterpret_cast<float *>(shared_f4);  // (slots, kResidualParts, C)
   float *acc = acc_all + (size_t)slot * kResidualParts * C;
   const bool sums = dln || sum_branch;
-  if (sums) {
-    for (int e = threadIdx.x * 4; e < slots * kResidualParts * C; e += blockDim.x * 4)
-      *reinterpret_cast<float4 *>(acc_all + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __syncthreads();
-  }
+  if (sums) zero_slot_sums(acc_all, slots * kResidualParts * C);
 
-  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
-  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
-  for (int64_t base = row_begin; base < row_end; base += slots) {
+  for (int64_t base = rs.begin; base < rs.end; base += slots) {
     const int64_t t = base + slot;
-    const bool active = t < row_end;  // inactive slots still take part in the shuffles
-    const int64_t row = active ? t : row_begin;
+    const bool active = t < rs.end;  // inactive slots still take part in the shuffles
+    const int64_t row = active ? t : rs.begin;
     float g[MAXV][VEC];
 #pragma unroll
     for (int k = 0; k < MAXV; k++)
@@ -263,86 +215,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
       }
     }
   }
-  if (!sums) return;
   // The block's partial (kResidualParts, C): the slots' sums added in slot order.
-  __syncthreads();
-  float *out = partial + (int64_t)blockIdx.x * kResidualParts * C;
-  for (int c = threadIdx.x; c < kResidualParts * C; c += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < slots; w++) total += acc_all[(size_t)w * kResidualParts * C + c];
-    out[c] = total;
-  }
-}
-
-// The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
-// lane; lanes == 0 when a row does not fit (the multi-pass kernels then serve it).
-struct RegShape {
-  int lanes, maxv;
-};
-
-// The forward (exact_fit) takes rows of 3 or 4 vectors per lane over 4..32 lanes where they fit
-// exactly (every Swin width: 96 = 12 vectors of 8 bf16 is 4 lanes x 3, 128 is 4 x 4, 384 is
-// 16 x 3, ...): no idle lanes, and the per-row work (statistics, addressing) is shared by few
-// lanes. The backward, which holds three values per element and the parameter-gradient terms,
-// would need ~150 registers for 3 vectors: it and other widths take the smallest power-of-two
-// count of vectors over up to 32 lanes.
-template <typename T>
-RegShape reg_shape(int C, bool exact_fit) {
-  RegShape r = {0, 0};
-  if (C % kVec16<T> != 0) return r;
-  int nvec = C / kVec16<T>;
-  for (int maxv = 3; maxv <= 4 && exact_fit; maxv++)
-    for (int lanes = 4; lanes <= 32; lanes *= 2)
-      if (nvec == maxv * lanes) return RegShape{lanes, maxv};
-  // Up to 32 vectors: one per lane (8, 16 or 32 lanes); more: 32 lanes with several each, the
-  // only lane count with_reg_shape instantiates for MAXV > 1 (rows of 17-31 vectors once got 16
-  // lanes here but ran on 32 with two vectors' registers, the second never used).
-  r.lanes = nvec > 16 ? 32 : nvec > 8 ? 16 : 8;
-  int need = (nvec + r.lanes - 1) / r.lanes;
-  for (r.maxv = 1; r.maxv < need;) r.maxv *= 2;
-  if (r.maxv > 16) r.lanes = 0;
-  return r;
-}
-
-// Calls f(integral_constant<MAXV>, integral_constant<LANES>) for the instantiated shapes: the
-// power-of-two ones (both kernels) here, the exact fits of the forward in with_exact_reg_shape.
-template <typename F>
-void with_reg_shape(RegShape r, F f) {
-  using std::integral_constant;
-  if (r.maxv == 1 && r.lanes == 8)
-    f(integral_constant<int, 1>{}, integral_constant<int, 8>{});
-  else if (r.maxv == 1 && r.lanes == 16)
-    f(integral_constant<int, 1>{}, integral_constant<int, 16>{});
-  else if (r.maxv == 1)
-    f(integral_constant<int, 1>{}, integral_constant<int, 32>{});
-  else if (r.maxv == 2)
-    f(integral_constant<int, 2>{}, integral_constant<int, 32>{});
-  else if (r.maxv == 4)
-    f(integral_constant<int, 4>{}, integral_constant<int, 32>{});
-  else if (r.maxv == 8)
-    f(integral_constant<int, 8>{}, integral_constant<int, 32>{});
-  else
-    f(integral_constant<int, 16>{}, integral_constant<int, 32>{});
-}
-
-template <typename F>
-void with_exact_reg_shape(RegShape r, F f) {
-  using std::integral_constant;
-  if (r.maxv != 3 && r.maxv != 4) return with_reg_shape(r, f);
-  auto lanes = [&](auto MAXV) {
-    if (r.lanes == 4)
-      f(MAXV, integral_constant<int, 4>{});
-    else if (r.lanes == 8)
-      f(MAXV, integral_constant<int, 8>{});
-    else if (r.lanes == 16)
-      f(MAXV, integral_constant<int, 16>{});
-    else
-      f(MAXV, integral_constant<int, 32>{});
-  };
-  if (r.maxv == 3)
-    lanes(integral_constant<int, 3>{});
-  else
-    lanes(integral_constant<int, 4>{});
+  if (sums)
+    store_slot_sums(partial + (int64_t)blockIdx.x * kResidualParts * C, acc_all,
+                    kResidualParts * C, slots);
 }
 
 // ---- patch merging + LayerNorm, register-resident -----------------------------------------
@@ -402,21 +278,8 @@ __global__ void __launch_bounds__(kForwardThreads, 3)
     const int e = (k * LANES + sl) * VEC;
     if (e < C4) load_vec<T, VEC>(v[k], first + merge_token_offset(e, W, C));
   }
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C4)
-#pragma unroll
-      for (int i = 0; i < VEC; i++) sum += v[k][i];
-  const float m = group_sum<LANES>(sum) / C4;
-  float sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C4)
-#pragma unroll
-      for (int i = 0; i < VEC; i++) sq += (v[k][i] - m) * (v[k][i] - m);
-  // IEEE sqrt and division, as the other LayerNorm kernels.
-  const float r = 1.0f / sqrtf(group_sum<LANES>(sq) / C4 + LAYERNORM_EPS);
+  float m, r;
+  row_stats<VEC, MAXV, LANES>(v, C4, sl, &m, &r);
   if (!active) return;
   T *y = out + (int64_t)row * C4;
 #pragma unroll
@@ -436,15 +299,6 @@ __global__ void __launch_bounds__(kForwardThreads, 3)
   }
 }
 
-// VEC elements of T from 16 raw bytes (kVec16<T> == VEC).
-template <typename T, int VEC>
-__device__ __forceinline__ void unpack_vec(float (&v)[VEC], const int4 &raw) {
-  static_assert(VEC * sizeof(T) == 16, "one 16-byte vector");
-  const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-  for (int i = 0; i < VEC; i++) v[i] = to_float<T>(e[i]);
-}
-
 // The backward of merged rows [blockIdx.x * rows_per_block, ...): the multi-pass kernel's
 // formula, dtokens[token of element e] = rstd * (g - mean(g) - xhat * mean(g * xhat)),
 // g = dout * weight. The row's tokens and dout stay in registers as loaded (16 bytes per
@@ -460,10 +314,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
                                         const float *__restrict__ rstd, int N, int H, int W, int C,
                                         int64_t rows_per_block) {
   extern __shared__ float4 shared_f4[];
-  constexpr int kRowsPerWarp = 32 / LANES;
-  const int lane = threadIdx.x % 32, sl = lane % LANES;
-  const int slots = blockDim.x / 32 * kRowsPerWarp;
-  const int slot = threadIdx.x / 32 * kRowsPerWarp + lane / LANES;
+  const RowSlots<LANES> rs(rows_per_block, N);
+  const int sl = rs.sl, slot = rs.slot, slots = rs.slots;
   const int C4 = 4 * C;
   int offset[MAXV];  // token offsets of this lane's vectors (its columns are fixed)
   float dw[MAXV][VEC], db[MAXV][VEC];
@@ -475,12 +327,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
   }
 
-  const int64_t row_begin = (int64_t)blockIdx.x * rows_per_block;
-  const int64_t row_end = row_begin + rows_per_block < N ? row_begin + rows_per_block : N;
-  for (int64_t base = row_begin; base < row_end; base += slots) {
+  for (int64_t base = rs.begin; base < rs.end; base += slots) {
     const int64_t t = base + slot;
-    const bool active = t < row_end;  // inactive slots still take part in the shuffles
-    const int row = (int)(active ? t : row_begin);
+    const bool active = t < rs.end;  // inactive slots still take part in the shuffles
+    const int row = (int)(active ? t : rs.begin);
     const float m = mean[row], r = rstd[row];
     const int64_t first = merge_first_token(row, H, W) * C;  // element offset in tokens
     const T *dy = dout + (int64_t)row * C4;
