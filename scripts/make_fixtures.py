@@ -25,6 +25,8 @@ concatenation order. A difference stops it with a message.
 
 Regenerate (on a machine with torch and timm; CPU is enough, a few seconds):
     python3 scripts/make_fixtures.py [--out tests/fixtures]
+The same checks at full size (swinv2_tiny_window8_256's and swin_tiny_patch4_window7_224's shapes,
+batch 2, ~450 MB a file, kept out of the repository): scripts/parity_full_size.sh.
 The files depend on the torch/timm versions only through rounding; the versions used are in each
 file's metadata ("torch_version", "timm_version").
 """
@@ -58,6 +60,21 @@ CONFIGS = [
     dict(name="v2_rect_pretrained", version=2, img=(16, 32), in_chans=3, patch=2, embed=8,
          depths=(2, 2, 2), heads=(1, 2, 4), window=4, mlp=2.0, classes=5, batch=2, seed=5,
          pretrained=(6, 5, 3), clamped="layers.1.blocks.1.attn.logit_scale"),
+]
+
+# Full-size models (--full-size): the shapes of timm's named models with the same random weights,
+# too large for the repository (~450 MB a file: the weights four times over); written to --out and
+# checked by `test_parity FILE...` (scripts/parity_full_size.sh).
+FULL_SIZE = [
+    # swinv2_tiny_window8_256: 64x64 -> 32x32 -> 16x16 -> 8x8 tokens, window 8, shift 4 in the
+    # first three stages, the last map one window.
+    dict(name="swinv2_tiny_window8_256", version=2, img=(256, 256), in_chans=3, patch=4, embed=96,
+         depths=(2, 2, 6, 2), heads=(3, 6, 12, 24), window=8, mlp=4.0, classes=1000, batch=2,
+         seed=6),
+    # swin_tiny_patch4_window7_224: 56x56 -> 28x28 -> 14x14 -> 7x7 tokens, window 7.
+    dict(name="swin_tiny_patch4_window7_224", img=(224, 224), in_chans=3, patch=4, embed=96,
+         depths=(2, 2, 6, 2), heads=(3, 6, 12, 24), window=7, mlp=4.0, classes=1000, batch=2,
+         seed=7),
 ]
 
 # Optimizer and schedule (swin.c: optim/adamw.h, optim/clip.h, optim/schedule.h).
@@ -571,23 +588,37 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "tests", "fixtures"),
                     help="output directory (default: tests/fixtures of this repository)")
+    ap.add_argument("--full-size", nargs="*", metavar="NAME",
+                    help="write the full-size models instead (FULL_SIZE: all, or those named); "
+                         "needs --out outside the repository")
     args = ap.parse_args()
+    configs = CONFIGS
+    if args.full_size is not None:
+        names = [c["name"] for c in FULL_SIZE]
+        unknown = [n for n in args.full_size if n not in names]
+        if unknown:
+            ap.error(f"--full-size: unknown model {unknown[0]} (have: {', '.join(names)})")
+        configs = [c for c in FULL_SIZE if not args.full_size or c["name"] in args.full_size]
+        repo_fixtures = os.path.realpath(ap.get_default("out"))
+        if os.path.realpath(args.out) == repo_fixtures:
+            ap.error("--full-size writes ~450 MB a model: give --out a directory outside "
+                     "tests/fixtures")
     # swin's attention is unfused in timm unless TIMM_FUSED_ATTN >= 2; make the plain path
     # (explicit q k^T + bias + mask, softmax, @ v) certain before timm is imported.
     os.environ["TIMM_FUSED_ATTN"] = "0"
     import timm
     import torch
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(8 if args.full_size is None else 16, os.cpu_count() or 1)))
     print(f"torch {torch.__version__}, timm {timm.__version__}, float64 on the CPU")
     os.makedirs(args.out, exist_ok=True)
-    paths = [make_fixture(cfg, args.out) for cfg in CONFIGS]
+    paths = [make_fixture(cfg, args.out) for cfg in configs]
     total = 0
     for p in paths:
         size = os.path.getsize(p)
         total += size
         print(f"{size:>10,d} bytes  {p}")
     print(f"{total:>10,d} bytes  total")
-    assert total <= MAX_TOTAL_BYTES, \
+    assert args.full_size is not None or total <= MAX_TOTAL_BYTES, \
         f"fixtures take {total} bytes, over {MAX_TOTAL_BYTES}: make the models smaller"
 
 
