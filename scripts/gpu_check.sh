@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # gpu_check.sh: one run on the GPU machine (torch + timm + onnxruntime there, no registry):
 # build swin.c, run ctest, regenerate the timm fixtures and compare them with the committed ones,
-# run the export / ONNX checks, measure the loader against PyTorch's DataLoader (the loader bar:
-# scripts/bench_loader.sh) and the PyTorch anchor. Prints a short table last.
-# The stb headers travel in .deps/stb (made by: mkdir -p .deps/stb && cp /usr/include/stb/stb_image*.h .deps/stb/).
+# check swin.c against timm at full size (scripts/parity_full_size.sh) and on held-out data after
+# training (scripts/heldout_parity.py, Swin V2), run the export / ONNX checks, measure the loader
+# against PyTorch's DataLoader (the loader bar: scripts/bench_loader.sh) and the PyTorch anchor.
+# Prints a short table last.
+# The stb headers travel in .deps/stb (made by: mkdir -p .deps/stb && cp /usr/include/stb/stb_image*.h .deps/stb/);
+# Fashion-MNIST's four .gz files in .deps/fashion-mnist (the dataset tests and heldout_parity.py
+# read /usr/share/datasets/fashion-mnist).
 # Usage (repo root): bash scripts/gpu_check.sh [OUT_DIR]
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu_check}}
@@ -19,9 +23,14 @@ step() {  # step NAME COMMAND...: run, log to $out/NAME.log, record pass/fail an
   tail -5 "$out/$name.log"
 }
 
+if [ -d .deps/fashion-mnist ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  mkdir -p /usr/share/datasets && cp -r .deps/fashion-mnist /usr/share/datasets/
+fi
 step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-I$PWD/.deps/stb && cmake --build build-gpu"
 step ctest ctest --test-dir build-gpu --output-on-failure -j8
 step fixtures bash -c "python3 scripts/make_fixtures.py --out $out/fixtures && for f in tests/fixtures/*.safetensors; do cmp \$f $out/fixtures/\$(basename \$f) && echo \"same bytes: \$f\"; done"
+step full_size bash scripts/parity_full_size.sh build-gpu /tmp/swin_full_size_fixtures
+step heldout python3 scripts/heldout_parity.py --build build-gpu --version 2 --work /tmp/heldout_parity
 step export python3 scripts/check_export.py --build build-gpu --work /tmp/check_export
 step loader env BUILD=build-gpu bash scripts/bench_loader.sh /tmp/bench_jpegs "4 8 16" 40
 step anchor python3 scripts/anchor_pytorch.py swin_tiny_patch4_window7_224 128 bf16 bf16c
