@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_cli.sh BUILD_DIR SOURCE_DIR: swin_train, swin_export and swin_predict as a user meets
 # them: exit codes and messages for bad configs and arguments, and --dry-run's model table and
-# parameter count.
+# parameter count; and test_parity's option errors.
 set -u
 build=$1
 src=$2
@@ -191,6 +191,12 @@ expect "eval=1 with resume=auto and no checkpoint" 1 "resume=auto found no check
 readme_keys=$(sed -n '/<!-- keys:begin -->/,/<!-- keys:end -->/p' "$src/configs/README.md" | sed '1d;$d')
 expect "configs/README.md key reference matches swin_train --keys" 0 "^same$" -- \
   bash -c '[ "$1" = "$2" ] && echo same || diff <(echo "$1") <(echo "$2")' _ "$readme_keys" "$("$bin" --keys)"
+
+# test_parity's own options (the timm fixtures on another device or precision).
+expect "test_parity: an unknown option is refused" 2 "HINT: test_parity \[--device" -- \
+  "$build/test_parity" --dev cuda
+expect "test_parity: bf16 on the CPU is refused" 2 "HINT: cpu with fp32" -- \
+  "$build/test_parity" --device cpu --precision bf16
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
