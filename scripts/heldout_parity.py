@@ -4,7 +4,7 @@ then both scored on data neither trained on.
 
     python3 scripts/heldout_parity.py --build BUILD [--config configs/fashion_mnist_gpu.ini]
         [--version 2] [--epochs 10] [--seeds 0 1] [--tol 1.0] [--work DIR] [--device cuda]
-        [--compile on|off]
+        [--compile auto|on|off]
 
 The model and the recipe come from --config (model.*, train.*, data.mean/std/hflip; Fashion-MNIST,
 resized 28 -> 32 as the config says: scale 1,1 and crop_pct 1 make train and eval the same resize),
@@ -18,6 +18,13 @@ from warmup_lr then cosine to min_lr stepped every iteration (optim/schedule.c),
 clipping at clip_grad, label smoothing, drop path, horizontal flips, batch_size images a step and
 floor(60000 / batch_size) steps an epoch, bf16 autocast where the config says bf16 (fp32
 otherwise). The pixels: Pillow's bilinear 28 -> 32, the resize swin.c's loader reproduces.
+
+timm's training forward runs through torch.compile (eager Python launches make a step of this
+small model ~35 ms on an H100), except for V2 in bf16 (--compile auto): measured on an H100
+(torch 2.11, timm 1.0.29, seed 0, 1,404 steps of this recipe), compiled V2 under bf16 autocast
+reached 19.9% top-1 (loss 2.33 -> 2.10; 28.0% with unfused AdamW), while eager bf16 reached 86.1%
+and compiled fp32 87.3% (compiled V1 in bf16: 81.8%). So the compiled bf16 path of the reference
+does not train V2, and the check runs timm's V2 eagerly in bf16, which is slower, not different.
 
 What must hold: |mean top-1 (swin.c) - mean top-1 (timm)| <= --tol percentage points. Why 1.0:
 10,000 test images at ~90% give a binomial standard deviation of 0.3 points for one run, and
@@ -111,8 +118,8 @@ def train_timm(cfg, version, epochs, seed, data, device, compile_model):
     torch.manual_seed(seed)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a).to(device) for a in data)
     model = timm_model(cfg, version).to(device).train()
-    # torch.compile changes how the step runs, not what it computes (eager Python launches made
-    # a step of this small model ~50 ms on an H100); evaluation runs the module itself.
+    # torch.compile changes how the step runs (see the docstring for where it does not train);
+    # evaluation runs the module itself.
     forward = torch.compile(model) if compile_model else model
     decay = [p for n, p in model.named_parameters() if not no_weight_decay(n, p)]
     skip = [p for n, p in model.named_parameters() if no_weight_decay(n, p)]
@@ -200,8 +207,9 @@ def main():
     ap.add_argument("--tol", type=float, default=1.0, help="percentage points (the docstring)")
     ap.add_argument("--work", default="/tmp/heldout_parity")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--compile", choices=("on", "off"), default="on",
-                    help="timm's training forward through torch.compile (default on)")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="timm's training forward through torch.compile; auto: on, except V2 "
+                         "in bf16 (the docstring says why)")
     args = ap.parse_args()
     cfg = read_config(args.config)
     if cfg.get("data.dataset") != "fashion_mnist":
@@ -216,6 +224,11 @@ def main():
             read_idx(f"{root}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
     print(f"data: {len(data[0])} train, {len(data[2])} test, {side}x{side} "
           f"({time.time() - t0:.1f} s)", flush=True)
+    bf16 = cfg.get("precision") == "bf16" and args.device == "cuda"
+    compile_timm = (args.compile == "on" or
+                    (args.compile == "auto" and not (args.version == 2 and bf16)))
+    print(f"timm: {'torch.compile' if compile_timm else 'eager'}, "
+          f"{'bf16 autocast' if bf16 else 'fp32'}", flush=True)
     rows = []
     for who in ("swin.c", "timm"):
         for seed in args.seeds:
@@ -225,7 +238,7 @@ def main():
                                    args.work, args.device)
             else:
                 top1 = train_timm(cfg, args.version, args.epochs, seed, data, args.device,
-                                  args.compile == "on")
+                                  compile_timm)
             rows.append((who, seed, top1, time.time() - t0))
             print(json.dumps({"heldout_parity": who, "version": args.version, "seed": seed,
                               "epochs": args.epochs, "top1": round(top1, 2),
