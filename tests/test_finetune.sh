@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# test_finetune.sh BUILD_DIR SOURCE_DIR [DEVICE [VERSION]]: fine-tuning at another window and
-# image size, as a user does it, on DEVICE (cpu, the default, or cuda: tests/test_gpu_finetune.sh)
-# with Swin VERSION (1, the default, or 2: tests/test_finetune_v2.sh). The tiny model
-# (tests/tiny_fashion.ini) trains on Fashion-MNIST at 16 px / window 4; init_from loads it at
-# 24 px / window 6 (V1: each relative_position_bias_table resized bicubically; V2: nothing to
-# resize, the position-bias MLP takes the new window's coordinates, normalized by the source's
-# windows through model.pretrained_window_sizes=4, and without that key init_from says which
-# value keeps them), and:
+# test_finetune.sh BUILD_DIR SOURCE_DIR [DEVICE [VERSION [GEOMETRY]]]: fine-tuning at another
+# window and image size, as a user does it, on DEVICE (cpu, the default, or cuda:
+# tests/test_gpu_finetune.sh) with Swin VERSION (1, the default, or 2: tests/test_finetune_v2.sh).
+# GEOMETRY 4to6 (the default): the tiny model (tests/tiny_fashion.ini) trains on Fashion-MNIST at
+# 16 px / window 4; init_from loads it at 24 px / window 6 (V1: each relative_position_bias_table
+# resized bicubically; V2: nothing to resize, the position-bias MLP takes the new window's
+# coordinates, normalized by the source's windows through model.pretrained_window_sizes=4, and
+# without that key init_from says which value keeps them). GEOMETRY 8to16 (V2 only,
+# tests/test_finetune_v2_w16.sh): the window doubles as in V2's recipes (8 -> 16): patch 1, 16 px,
+# the source in windows of 8 (shifted by 4 in stage 0; stage 1's 8x8 map is one window), the
+# fine-tune in one window of 16 in stage 0 (stage 1 stays 8, clamped to its map), so the MLP
+# sees relative offsets up to 15 it never saw in training (normalized by 8 - 1). Then:
 #   - eval=1 of the source at its own geometry gives L_src, clearly below chance (ln 10), and the
 #     source run's own last evaluation to the digit;
 #   - eval=1 of the resized model gives L_ft, with a notice per resized table, and L_ft keeps at
@@ -26,6 +30,12 @@ build=$1
 src=$2
 device=${3:-cpu}
 version=${4:-1}
+geometry=${5:-4to6}
+case "$version/$geometry" in
+  1/4to6 | 2/4to6 | 2/8to16) ;;
+  *) echo "FAIL test_finetune.sh: no geometry $geometry for version $version (4to6; 8to16 for V2)"
+     exit 1 ;;
+esac
 bin=$build/swin_train
 fashion=${SWIN_FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 if [ ! -e "$fashion/train-images-idx3-ubyte.gz" ] && [ ! -e "$fashion/train-images-idx3-ubyte" ]
@@ -98,6 +108,10 @@ ln10=2.302585
 # center 16x16 crop (crop_pct 16/28, just above so that floor(16 / crop_pct) = 28). One
 # checkpoint, at the end.
 src_geometry=(data.crop_pct=0.5714)
+if [ "$geometry" = 8to16 ]; then
+  common+=(model.patch_size=1)
+  src_geometry+=(model.window_size=8)
+fi
 train source "${src_geometry[@]}" data.train_limit=8192 data.scale=0.3265,0.3265 \
   train.batch_size=32 train.max_steps=600 train.lr=5e-3 train.log_every=100 ckpt.every=1000000
 ckpt=$tmp/source/ckpt-00000600.safetensors
@@ -112,10 +126,20 @@ last=$(record source 600 eval_loss)
 check "eval=1 of the checkpoint is the source run's last evaluation" "$l_src == $last" \
   "$l_src, run $last"
 
-# The fine-tune geometry: 24 px, window 6 (12x12 and 6x6 token maps), the center 24x24 crop;
-# V2 normalizes the position-bias coordinates by the source's windows (4 in both stages).
-ft_geometry=(model.img_size=24 model.window_size=6 data.crop_pct=0.8571)
-[ "$version" = 2 ] && ft_geometry+=(model.pretrained_window_sizes=4)
+# The fine-tune geometry: 24 px, window 6 (12x12 and 6x6 token maps), the center 24x24 crop,
+# random crops of 24x24 (scale 24^2/28^2); or (8to16) the source's 16 px crops in window 16.
+# V2 normalizes the position-bias coordinates by the source's windows (pretrained, in both
+# stages).
+if [ "$geometry" = 8to16 ]; then
+  ft_geometry=(model.img_size=16 model.window_size=16 data.crop_pct=0.5714)
+  ft_scale=0.3265
+  pretrained=8
+else
+  ft_geometry=(model.img_size=24 model.window_size=6 data.crop_pct=0.8571)
+  ft_scale=0.7347
+  pretrained=4
+fi
+[ "$version" = 2 ] && ft_geometry+=(model.pretrained_window_sizes=$pretrained)
 
 # L_ft: the source's weights at 24 px / window 6 (V1: four bias tables resized 4x4 -> 6x6).
 train eval_ft "${ft_geometry[@]}" eval=1 init_from="$ckpt"
@@ -125,7 +149,8 @@ if [ "$version" = 2 ]; then
   check "V2: init_from resizes nothing (the position-bias MLP is continuous)" "$resized == 0" \
     "$resized resize notices"
   train eval_ft_own "${ft_geometry[@]::3}" eval=1 init_from="$ckpt"
-  notices=$(grep -c "^init_from: notice: .*set model.pretrained_window_sizes=4,4 to keep" \
+  notices=$(grep -c \
+    "^init_from: notice: .*set model.pretrained_window_sizes=$pretrained,$pretrained to keep" \
     "$tmp/eval_ft_own.log")
   check "V2 without model.pretrained_window_sizes: init_from names the value that keeps the \
 source's coordinates" "$notices == 1" "$notices notices"
@@ -147,7 +172,7 @@ check "the resized model keeps a quarter of the gain: L_ft < ln10 - (ln10 - L_sr
 # step. warmup_lr 0 with 2 warmup steps (0.0625 of 32 steps per epoch) makes the first step's
 # rate exactly 0: AdamW then leaves every weight as it is (p * (1 - 0 * wd) - 0 * update), so
 # the evaluation after step 1 is the starting model's.
-ft_run=("${ft_geometry[@]}" data.train_limit=4096 data.scale=0.7347,0.7347 data.hflip=0
+ft_run=("${ft_geometry[@]}" data.train_limit=4096 data.scale=$ft_scale,$ft_scale data.hflip=0
   train.label_smoothing=0 train.batch_size=128 train.max_steps=8 train.lr=1e-3 train.warmup_lr=0
   train.warmup_epochs=0.0625 train.eval_every=1 ckpt.every=1000000)
 train finetune "${ft_run[@]}" init_from="$ckpt"
