@@ -89,7 +89,7 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 // bias and optionally the exact GELU in its epilogue. The model runs its bf16 layers on 96 input
 // features (Swin-T's stage 0: qkv, proj, fc1 with its GELU) on it (src/model/backend_cuda.cu,
 // use_small_k), where it beat linear_forward_cuda + gelu_forward_cuda (kernels/PERF.md,
-// version 12; scripts/bench_gemm_small_k.cu times the two).
+// version 12; scripts/bench_gemm.cu times the two).
 //   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on
 //   tensor cores and rounded to bf16 once; when post (N, OC) is not NULL, also post = GELU(pre
 //   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise
@@ -102,6 +102,22 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 bool linear_small_k_supported(int IC, int OC);
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                  const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
+
+// The linear layer's forward on Hopper's wgmma and TMA (kernels/cuda/gemm_hopper.cu), bf16 only,
+// with linear_small_k_forward_cuda's contract: pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias
+// (OC, or NULL), accumulated in f32 and rounded to bf16 once; when post (N, OC) is not NULL,
+// also post = GELU(pre as stored), bitwise gelu_forward_cuda(DTYPE_BF16) of this pre.
+// linear_hopper_supported(IC, OC) says whether this build and device serve the shape (a build
+// for sm_90a, a device of compute capability 9.0, IC and OC positive multiples of 8); the
+// forward aborts on anything else. Every pointer but bias 16-byte aligned; launched on stream.
+bool linear_hopper_supported(int IC, int OC);
+void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
+                                const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
+// The same with the tile's width in output features given (96, 128, 192 or 256; 0: the one
+// linear_hopper_forward_cuda picks), for scripts/bench_gemm.cu.
+void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
+                                const void *bias, int64_t N, int IC, int OC, int tile,
+                                cudaStream_t stream);
 
 // Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
 // x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows

@@ -14,7 +14,7 @@
 #   memory: Swin-T's device memory per batch size (BATCHES, default 64 128 256 512 1024 2048) and
 #   the largest of BIG_BATCHES (default 3072 3584 4096 4608) that still runs.
 #   TESTS: a ctest -R regex to run only some gpu tests.
-#   gemm: scripts/bench_gemm_small_k.cu, the small-K GEMM against cuBLASLt (kernels/PERF.md).
+#   gemm: scripts/bench_gemm.cu, our GEMM kernels (small-K, Hopper) against cuBLASLt (kernels/PERF.md).
 #   jpeg: the JPEG path's real run, Fashion-MNIST written as 112x112 JPEGs (fashion_mnist_jpegs.py)
 #   and trained with configs/fashion_mnist_jpeg.ini (full recipe, data.decoder=auto) on the GPU;
 #   JPEG_EPOCHS overrides its 30 epochs.
@@ -95,7 +95,7 @@ if has e2e; then
   OUT=$out/e2e SWIN_TRAIN=build-gpu/swin_train step e2e 560 bash scripts/bench_e2e.sh "${e2e_roots[@]}"
 fi
 if has gemm; then
-  step gemm_small_k 120 build-gpu/bench_gemm_small_k
+  step gemm 180 build-gpu/bench_gemm
 fi
 if has tests; then
   step ctest 420 ctest --test-dir build-gpu -L gpu --output-on-failure -j3 ${TESTS:+-R "$TESTS"}
@@ -110,7 +110,7 @@ echo "== gpu_perf"
 for f in "$out"/bench_*.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -A22 '^bench:' "$f" | grep -v '^{'; }
 done
-[ -f "$out/gemm_small_k.log" ] && cat "$out/gemm_small_k.log"
+[ -f "$out/gemm.log" ] && cat "$out/gemm.log"
 [ -f "$out/profile_tiny.log" ] && head -45 "$out/profile_tiny.log"
 [ -f "$out/memory.txt" ] && cat "$out/memory.txt"
 [ -f "$out/jpeg_train.log" ] && grep -E '^(decoder|eval|done)' "$out/jpeg_train.log" | tail -4

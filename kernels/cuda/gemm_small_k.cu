@@ -2,7 +2,7 @@
 // the exact GELU in its epilogue (kernels/gemm.h: linear_small_k_forward_cuda). bf16 only.
 // Swin-T's stage 0 and 1 linear layers (IC = 96, 192) are bound by their bytes, and elsewhere
 // the MLP's first layer is cuBLASLt (pre = inp W^T + b) followed by a GELU pass that reads pre
-// back and writes post; here one kernel writes both. scripts/bench_gemm_small_k.cu measures it
+// back and writes post; here one kernel writes both. scripts/bench_gemm.cu measures it
 // against cuBLASLt (kernels/PERF.md, version 12): faster for IC = 96, which the model uses
 // (src/model/backend_cuda.cu, use_small_k), slower for IC = 192, which it does not.
 //

@@ -89,6 +89,6 @@ void backend_describe(const Backend *be, char *buf, size_t size) {
 
 const char *op_family_name(OpFamily f) {
   static const char *names[OP_FAMILIES] = {
-      "GEMMs (cuBLASLt)", "attention", "LayerNorm", "elementwise", "loss", "optimizer", "memory"};
+      "GEMMs", "attention", "LayerNorm", "elementwise", "loss", "optimizer", "memory"};
   return f >= 0 && f < OP_FAMILIES ? names[f] : "?";
 }

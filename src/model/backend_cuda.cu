@@ -464,8 +464,7 @@ void cuda_batch_augment(Backend *be, float *images, const BatchAugment *p, Erase
 }
 
 // Layers on 96 input features in bf16 (Swin-T's stage 0) go to our small-K kernel, fc1 with the
-// GELU in its epilogue (kernels/PERF.md, version 12; timed as a GEMM); cuBLASLt and the GELU pass
-// everywhere else, where they are faster.
+// GELU in its epilogue (kernels/PERF.md, version 12; timed as a GEMM).
 bool use_small_k(const Backend *be, int IC, int OC, const void *out, const void *inp,
                  const void *weight, const void *pre) {
   auto aligned = [](const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
@@ -473,14 +472,31 @@ bool use_small_k(const Backend *be, int IC, int OC, const void *out, const void 
          aligned(inp) && aligned(weight) && aligned(pre);
 }
 
+// bf16 layers with the GELU (fc1) of more than 96 input features go to the Hopper GEMM where
+// the device and build have it (sm_90a), the GELU in its epilogue: one pass instead of cuBLASLt
+// and the GELU pass (kernels/PERF.md, version 18). The other layers stay on cuBLASLt, faster
+// there for now.
+bool use_hopper(const Backend *be, int IC, int OC, Activation act, const void *out, const void *inp,
+                const void *weight, const void *pre) {
+  auto aligned = [](const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
+  return act == ACTIVATION_GELU && be->act == DTYPE_BF16 && linear_hopper_supported(IC, OC) &&
+         aligned(out) && aligned(inp) && aligned(weight) && aligned(pre);
+}
+
 void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre) {
   CudaState *st = state_of(be);
-  if (use_small_k(be, IC, OC, out, inp, weight, act == ACTIVATION_GELU ? pre : nullptr)) {
+  // Our kernels take (pre, post): the plain layer's output is their pre, without a post.
+  void *k_pre = act == ACTIVATION_GELU ? pre : out,
+       *k_post = act == ACTIVATION_GELU ? out : nullptr;
+  if (use_small_k(be, IC, OC, out, inp, weight, k_post ? pre : nullptr)) {
     OpScope scope(be, OP_GEMM);
-    linear_small_k_forward_cuda(act == ACTIVATION_GELU ? pre : out,
-                                act == ACTIVATION_GELU ? out : nullptr, inp, weight, bias, N, IC,
-                                OC, st->compute);
+    linear_small_k_forward_cuda(k_pre, k_post, inp, weight, bias, N, IC, OC, st->compute);
+    return;
+  }
+  if (use_hopper(be, IC, OC, act, out, inp, weight, k_post ? pre : nullptr)) {
+    OpScope scope(be, OP_GEMM);
+    linear_hopper_forward_cuda(k_pre, k_post, inp, weight, bias, N, IC, OC, st->compute);
     return;
   }
   {

@@ -1,12 +1,20 @@
-// test_gpu_gemm_small_k.c: linear_small_k_forward_cuda (kernels/gemm.h), the bf16 small-K linear
-// layer with the bias and GELU in its epilogue, against the fp32 CPU reference.
+// test_gpu_linear_kernels.c: the linear layers of our own kernels (kernels/gemm.h) against the
+// fp32 CPU reference, in bf16.
+// linear_small_k_forward_cuda, the small-K layer with the bias and GELU in its epilogue:
 //   pre (N, OC) against linear_forward_cpu on the same bf16-rounded inputs, element by element;
 //   post (N, OC) against gelu_forward_cpu of that reference, element by element, and bitwise
 //   against gelu_forward_cuda(DTYPE_BF16) run on the kernel's own pre;
 //   post == NULL leaves the post buffer untouched; bias == NULL adds nothing.
-// Shapes: Swin-T's (IC, OC) of stages 0 and 1 with N = 1, 77, 4099 (one and two partial row
-// tiles) and 50,000 (many tiles per CTA); widths that are not multiples of 96 (the 64- and
-// 32-column slices) once each. Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
+//   Shapes: Swin-T's (IC, OC) of stages 0 and 1 with N = 1, 77, 4099 (one and two partial row
+//   tiles) and 50,000 (many tiles per CTA); widths that are not multiples of 96 (the 64- and
+//   32-column slices) once each.
+// linear_hopper_forward_cuda, the wgmma/TMA layer with the same contract (on a compute capability
+//   9.0 device and a build for sm_90a; otherwise these cases print SKIP), the same checks: every
+//   forward linear shape of Swin-T (qkv, proj, fc1 with its GELU, fc2 and the patch merging
+//   reductions of all four stages) with N = 1, 77 and 4099 (partial tiles of 128 rows), shapes
+//   whose K is not a multiple of the 64-element slab and whose OC leaves a partial column tile,
+//   with and without the bias and the GELU; and each tile width (linear_hopper_forward_tile).
+// Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -109,9 +117,14 @@ static int check_same_bits(const char *ctx, const char *what, const uint16_t *a,
                     (long long)(first % OC), a[first], b[first]);
 }
 
-static void check_case(int IC, int OC, int64_t N, SmallKMode mode, TestRng *rng) {
+// The two kernels' common signature (kernels/gemm.h).
+typedef void (*LinearKernel)(void *pre, void *post, const void *inp, const void *weight,
+                             const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
+
+static void check_case(LinearKernel kernel, const char *name, int IC, int OC, int64_t N,
+                       SmallKMode mode, TestRng *rng) {
   char ctx[160];
-  snprintf(ctx, sizeof ctx, "linear_small_k N=%lld IC=%d OC=%d (%s, %s)", (long long)N, IC, OC,
+  snprintf(ctx, sizeof ctx, "%s N=%lld IC=%d OC=%d (%s, %s)", name, (long long)N, IC, OC,
            mode.bias ? "bias" : "no bias", mode.post ? "GELU post" : "post NULL");
   const int64_t nin = N * IC, nw = (int64_t)OC * IC, nout = N * OC;
   // Pre-activations of spread ~1.7 (x in [-1, 1), w in [-5, 5) / sqrt(IC), b in [-1, 1)), so
@@ -134,8 +147,7 @@ static void check_case(int IC, int OC, int64_t N, SmallKMode mode, TestRng *rng)
 
   void *d_x = upload_bf16(x, nin), *d_w = upload_bf16(w, nw), *d_b = upload_bf16(b, OC);
   void *d_pre = poisoned_bf16(nout), *d_post = poisoned_bf16(nout);
-  linear_small_k_forward_cuda(d_pre, mode.post ? d_post : NULL, d_x, d_w, mode.bias ? d_b : NULL, N,
-                              IC, OC, 0);
+  kernel(d_pre, mode.post ? d_post : NULL, d_x, d_w, mode.bias ? d_b : NULL, N, IC, OC, 0);
   CUDA_CHECK(cudaGetLastError());
   uint16_t *pre = download_bits(d_pre, nout), *post = download_bits(d_post, nout);
 
@@ -172,6 +184,59 @@ static void check_case(int IC, int OC, int64_t N, SmallKMode mode, TestRng *rng)
   free(bound);
 }
 
+// Every forward linear layer of Swin-T (C = 96, 192, 384, 768): qkv, proj, fc1, fc2, and the
+// patch merging reductions 4C -> 2C.
+static const SmallKShape hopper_shapes[] = {
+    {96, 288},   {96, 96},    {96, 384},  {384, 96},   {192, 576},  {192, 192},  {192, 768},
+    {768, 192},  {384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {768, 2304}, {768, 768},
+    {768, 3072}, {3072, 768}, {384, 192}, {768, 384},  {1536, 768},
+};
+// K not a multiple of 64, OC leaving partial tiles of 128 and of 256 columns.
+static const SmallKShape hopper_ragged[] = {{200, 120}, {40, 264}, {136, 8}};
+
+// linear_hopper_forward_tile at the width in hopper_tile, in check_case's signature.
+static int hopper_tile;
+static void hopper_at_tile(void *pre, void *post, const void *inp, const void *weight,
+                           const void *bias, int64_t N, int IC, int OC, cudaStream_t stream) {
+  linear_hopper_forward_tile(pre, post, inp, weight, bias, N, IC, OC, hopper_tile, stream);
+}
+
+static void check_hopper(TestRng *rng) {
+  if (!linear_hopper_supported(96, 288)) {
+    printf(
+        "SKIP linear_hopper: not served here (needs a compute capability 9.0 device and a "
+        "build for sm_90a)\n");
+    return;
+  }
+  test_check(!linear_hopper_supported(100, 96) && !linear_hopper_supported(96, 100) &&
+                 !linear_hopper_supported(0, 96),
+             "linear_hopper_supported: IC and OC positive multiples of 8");
+  static const int64_t rows[] = {1, 77, 4099};
+  const SmallKMode plain = {.bias = true, .post = false}, fused = {.bias = true, .post = true};
+  for (size_t s = 0; s < sizeof hopper_shapes / sizeof hopper_shapes[0]; s++)
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+      check_case(linear_hopper_forward_cuda, "linear_hopper", hopper_shapes[s].IC,
+                 hopper_shapes[s].OC, rows[r],
+                 hopper_shapes[s].OC == 4 * hopper_shapes[s].IC ? fused : plain, rng);
+  for (size_t s = 0; s < sizeof hopper_ragged / sizeof hopper_ragged[0]; s++)
+    check_case(linear_hopper_forward_cuda, "linear_hopper", hopper_ragged[s].IC,
+               hopper_ragged[s].OC, 4099, fused, rng);
+  check_case(linear_hopper_forward_cuda, "linear_hopper", 768, 3072, 300,
+             (SmallKMode){.bias = false, .post = true}, rng);
+  check_case(linear_hopper_forward_cuda, "linear_hopper", 384, 1152, 300,
+             (SmallKMode){.bias = false, .post = false}, rng);
+  // Every tile width on a shape that leaves a partial tile at each (OC = 520) and on one whose
+  // K is not a multiple of 64.
+  static const int widths[] = {96, 128, 192, 256};
+  for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+    hopper_tile = widths[w];
+    char name[48];
+    snprintf(name, sizeof name, "linear_hopper tile %d", widths[w]);
+    check_case(hopper_at_tile, name, 136, 520, 1000, fused, rng);
+    check_case(hopper_at_tile, name, 200, 384, 333, plain, rng);
+  }
+}
+
 // The shape query agrees with the header's limits.
 static void check_supported(void) {
   bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
@@ -190,11 +255,16 @@ int main(void) {
   check_supported();
   for (size_t s = 0; s < sizeof swin_shapes / sizeof swin_shapes[0]; s++)
     for (size_t r = 0; r < sizeof swin_rows / sizeof swin_rows[0]; r++)
-      check_case(swin_shapes[s].IC, swin_shapes[s].OC, swin_rows[r], fused, &rng);
+      check_case(linear_small_k_forward_cuda, "linear_small_k", swin_shapes[s].IC,
+                 swin_shapes[s].OC, swin_rows[r], fused, &rng);
   for (size_t s = 0; s < sizeof other_shapes / sizeof other_shapes[0]; s++)
-    check_case(other_shapes[s].IC, other_shapes[s].OC, 4099, fused, &rng);
-  check_case(96, 384, 4099, (SmallKMode){.bias = true, .post = false}, &rng);
-  check_case(192, 192, 77, (SmallKMode){.bias = false, .post = true}, &rng);
+    check_case(linear_small_k_forward_cuda, "linear_small_k", other_shapes[s].IC,
+               other_shapes[s].OC, 4099, fused, &rng);
+  check_case(linear_small_k_forward_cuda, "linear_small_k", 96, 384, 4099,
+             (SmallKMode){.bias = true, .post = false}, &rng);
+  check_case(linear_small_k_forward_cuda, "linear_small_k", 192, 192, 77,
+             (SmallKMode){.bias = false, .post = true}, &rng);
+  check_hopper(&rng);
 #endif
   return test_finish();
 }

@@ -1,0 +1,493 @@
+// gemm_hopper.cu: the linear layer's forward on Hopper's own instructions (kernels/gemm.h:
+// linear_hopper_forward_cuda), bf16 operands, f32 accumulation: TMA copies the operand tiles
+// into shared memory, wgmma multiplies them there, a warp-specialized pipeline keeps both busy.
+// It is the first step toward the LayerNorm and the GELU inside the GEMMs (kernels/PERF.md,
+// version 18): a GEMM whose operand loads and epilogue are ours, which cuBLASLt cannot offer.
+//
+// Design. A CTA computes BM x BN tiles of out (BM = 128 rows, BN = 128 or 256 output features)
+// with three warpgroups: the producer (one thread issues the copies) and two consumers, each
+// owning 64 rows of the tile. The grid is persistent (one CTA per SM, tiles taken in strides of
+// the grid), so the producer loads the next tile's operands while the consumers finish the last.
+// K is walked in slabs of BK = 64 elements (128 bytes: one row of the 128-byte swizzle), with
+// 3 (BN = 256) or 4 (BN = 128) slabs in flight. Per slab the producer waits until the consumers
+// have released the stage (its "empty" barrier), then has TMA copy the A slab (BM x 64 of inp)
+// and the B slab (BN x 64 of weight) into it, both K-major with the 128-byte swizzle,
+// completing on the stage's "full" barrier (a transaction count of the two boxes' bytes; TMA
+// fills what lies outside the matrices with zeros, so ragged M, N and K need no code). Each
+// consumer waits on "full", issues four wgmma m64nBNk16 (K = 16 each) reading both operands
+// from shared memory through descriptors, commits them as a group, and releases the previous
+// slab's stage once that slab's group has finished (one group stays in flight). The epilogue
+// adds the bias in f32 to the accumulators, rounds once to bf16, stages the consumer's 64 rows
+// in shared memory and writes them as 16-byte vectors, whole rows per warp.
+//
+// Descriptors (PTX ISA, "matrix descriptor" of wgmma): start address >> 4, the leading-dimension
+// byte offset (unused for a K-major swizzled operand whose K step of 32 bytes lies inside one
+// 128-byte row), the stride byte offset 1024 (eight rows of 128 bytes: one swizzle atom), and
+// the 128-byte swizzle mode. The k-th 16-element step of a slab starts 32 k bytes further: the
+// swizzle is applied to the address bits, so the same offset works in every row of the atom
+// (tiles start 1024-byte aligned, base offset 0).
+//
+// The accumulator fragment of wgmma m64nNk16 (f32): thread t of the warpgroup (warp w = t / 32,
+// lane l) holds, for each 8-column group j, d[4j + 0, 1] at row 16 w + l / 4 and columns 8 j + 2
+// (l % 4) + 0, 1, and d[4j + 2, 3] eight rows further down.
+//
+// Built only for sm_90a (wgmma and setmaxnreg exist nowhere else): SWIN_HOPPER_GEMM is defined
+// by CMake when CMAKE_CUDA_ARCHITECTURES names 90a; otherwise linear_hopper_supported says no.
+#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes from
+                   // the runtime's driver entry point: no link to libcuda)
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/gemm.h"
+#include "src/base/cuda_util.h"
+
+namespace {
+
+using namespace swin_cuda;
+using bf16 = __nv_bfloat16;
+
+constexpr int kBM = 128, kBK = 64;
+constexpr int kConsumers = 2;                     // warpgroups, 64 rows of the tile each
+constexpr int kThreads = (kConsumers + 1) * 128;  // the producer warpgroup first
+
+template <int BN>
+struct HopperTile {
+  static constexpr int kStages = BN == 256 ? 3 : 4;  // slabs in flight (shared memory allows)
+  static constexpr int kABytes = kBM * kBK * 2;      // one stage's A slab
+  static constexpr int kBBytes = BN * kBK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // A consumer's 64 output rows staged for the stores, each padded by 16 bytes so that the
+  // fragments' 4-byte writes of a warp fall in 32 different banks.
+  static constexpr int kOutPitch = BN + 8;
+  static constexpr int kOutBytes = 64 * kOutPitch * 2;
+  // The slabs, the staged outputs, the barriers; + 1024 to align the start to a swizzle atom.
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kConsumers * kOutBytes + 2 * kStages * 8 + 1024;
+};
+
+#if defined(SWIN_HOPPER_GEMM) && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void bar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void bar_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// TMA: the box of the 2-D tensor map at (c0 = column, c1 = row) into dst, completing on bar.
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int c0, int c1,
+                                         uint64_t *bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The wgmma descriptor of a K-major, 128-byte-swizzled operand starting at p (1024-aligned
+// atoms; see the top of the file).
+__device__ __forceinline__ uint64_t descriptor(const void *p) {
+  uint64_t d = 0;
+  d |= (uint64_t)((smem_addr(p) & 0x3FFFF) >> 4);
+  d |= (uint64_t)1 << 16;            // leading byte offset (unused here)
+  d |= (uint64_t)(1024 >> 4) << 32;  // stride byte offset: one 8-row atom
+  d |= (uint64_t)1 << 62;            // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+// Waits until at most N of this thread's committed wgmma groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// The 128 threads of consumer warpgroup w (named barrier 1 + w; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int w) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+}
+
+// The operand lists of the wgmma instructions: 8 accumulators each.
+#define SWIN_ACC8(i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+
+template <int BN>
+struct Wgmma;
+
+// d (64 x BN of the warpgroup, f32) += A (64 x 16) B (16 x BN); accumulate 0 overwrites d.
+template <>
+struct Wgmma<96> {
+  static __device__ __forceinline__ void mma(float (&d)[48], uint64_t da, uint64_t db,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+        "%48, %49, p, 1, 1, 0, 0;\n}\n"
+        : SWIN_ACC8(0), SWIN_ACC8(8), SWIN_ACC8(16), SWIN_ACC8(24), SWIN_ACC8(32), SWIN_ACC8(40)
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+        "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : SWIN_ACC8(0), SWIN_ACC8(8), SWIN_ACC8(16), SWIN_ACC8(24), SWIN_ACC8(32), SWIN_ACC8(40),
+          SWIN_ACC8(48), SWIN_ACC8(56)
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<192> {
+  static __device__ __forceinline__ void mma(float (&d)[96], uint64_t da, uint64_t db,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+        "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+        "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1, 0, 0;\n}\n"
+        : SWIN_ACC8(0), SWIN_ACC8(8), SWIN_ACC8(16), SWIN_ACC8(24), SWIN_ACC8(32), SWIN_ACC8(40),
+          SWIN_ACC8(48), SWIN_ACC8(56), SWIN_ACC8(64), SWIN_ACC8(72), SWIN_ACC8(80), SWIN_ACC8(88)
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<256> {
+  static __device__ __forceinline__ void mma(float (&d)[128], uint64_t da, uint64_t db,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+        "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+        "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "
+        "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
+        "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "
+        "%124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : SWIN_ACC8(0), SWIN_ACC8(8), SWIN_ACC8(16), SWIN_ACC8(24), SWIN_ACC8(32), SWIN_ACC8(40),
+          SWIN_ACC8(48), SWIN_ACC8(56), SWIN_ACC8(64), SWIN_ACC8(72), SWIN_ACC8(80), SWIN_ACC8(88),
+          SWIN_ACC8(96), SWIN_ACC8(104), SWIN_ACC8(112), SWIN_ACC8(120)
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+};
+#undef SWIN_ACC8
+
+#endif  // SWIN_HOPPER_GEMM, and sm_90a or the host
+
+// pre (M, N) = A (M, K) B (N, K)^T + bias (N, or NULL); with post not NULL also post =
+// GELU(pre as stored in bf16), by the GELU forward's own device function (bitwise
+// gelu_forward_cuda of this pre).
+template <int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    linear_hopper_kernel(const __grid_constant__ CUtensorMap map_a,
+                         const __grid_constant__ CUtensorMap map_b, bf16 *__restrict__ pre,
+                         bf16 *__restrict__ post, const bf16 *__restrict__ bias, int M, int N,
+                         int K) {
+#if defined(SWIN_HOPPER_GEMM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = HopperTile<BN>;
+  constexpr int S = T::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint64_t *full = (uint64_t *)(smem + S * T::kStageBytes + kConsumers * T::kOutBytes);
+  uint64_t *empty = full + S;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int tiles_n = (N + BN - 1) / BN, tiles = tiles_n * ((M + kBM - 1) / kBM);
+  const int slabs = (K + kBK - 1) / kBK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], kConsumers * 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  // Persistent: CTA b takes tiles b, b + gridDim.x, ...; consecutive tiles share their rows (the
+  // column tiles vary fastest), so the CTAs running together read the same A rows, once from
+  // DRAM. The slab counter it runs on across tiles: slab it uses stage it % S in its
+  // (it / S)-th round, the barriers' phase parity.
+  if (wg == 0) {  // the producer: the copies run up to S slabs ahead, across tile boundaries
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t == 0) {
+      int it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int m0 = tile / tiles_n * kBM, n0 = tile % tiles_n * BN;
+        for (int k = 0; k < slabs; k++, it++) {
+          const int s = it % S;
+          if (it >= S) bar_wait(&empty[s], (it / S - 1) & 1);
+          uint8_t *a = smem + s * T::kStageBytes;
+          bar_expect_tx(&full[s], T::kStageBytes);
+          tma_load(a, &map_a, k * kBK, m0, &full[s]);
+          tma_load(a + T::kABytes, &map_b, k * kBK, n0, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int c = wg - 1, row_slab = c * 64;  // this consumer and its rows of the tile
+  bf16 *staged = (bf16 *)(smem + S * T::kStageBytes + c * T::kOutBytes);
+  const int warp = t / 32, lane = t % 32;
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * kBM, n0 = tile % tiles_n * BN;
+    // The mainloop: a slab's four products are committed as one group; once the group before
+    // it has finished, that slab's stage goes back to the producer.
+    for (int k = 0; k < slabs; k++, it++) {
+      const int s = it % S;
+      bar_wait(&full[s], (it / S) & 1);
+      const uint8_t *a = smem + s * T::kStageBytes + row_slab * 128;
+      const uint8_t *b = smem + s * T::kStageBytes + T::kABytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; kk++)
+        Wgmma<BN>::mma(d, descriptor(a + 32 * kk), descriptor(b + 32 * kk), k > 0 || kk > 0);
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (k > 0) bar_arrive(&empty[(it - 1) % S]);
+    }
+    wgmma_wait<0>();
+    bar_arrive(&empty[(it - 1) % S]);
+
+    // Epilogue: the bias in f32, one rounding to bf16, the rows staged in shared memory, then
+    // written as 16-byte vectors, a warp's stores covering whole rows (and post computed from
+    // the staged bf16 values). Meanwhile the producer already loads the next tile's slabs.
+    const int r = warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+      const int col = 8 * j + 2 * (lane % 4);
+      float b0 = 0.0f, b1 = 0.0f;
+      if (bias && n0 + col < N) {
+        b0 = __bfloat162float(bias[n0 + col]);
+        b1 = __bfloat162float(bias[n0 + col + 1]);
+      }
+      *(__nv_bfloat162 *)&staged[r * T::kOutPitch + col] =
+          __floats2bfloat162_rn(d[4 * j] + b0, d[4 * j + 1] + b1);
+      *(__nv_bfloat162 *)&staged[(r + 8) * T::kOutPitch + col] =
+          __floats2bfloat162_rn(d[4 * j + 2] + b0, d[4 * j + 3] + b1);
+    }
+    warpgroup_sync(c);
+    constexpr int kVecs = BN / 8;  // 16-byte vectors of a row
+    for (int v = t; v < 64 * kVecs; v += 128) {
+      const int row = v / kVecs, col = v % kVecs * 8;
+      const int gr = m0 + row_slab + row, gc = n0 + col;
+      if (gr >= M || gc >= N) continue;  // N is a multiple of 8: a vector is wholly in or out
+      const bf16 *st = &staged[row * T::kOutPitch + col];
+      const int64_t o = (int64_t)gr * N + gc;
+      *(uint4 *)&pre[o] = *(const uint4 *)st;
+      if (post) {
+        float x[8];
+        load_vec<bf16, 8>(x, st);
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = gelu_value<bf16>(x[e]);
+        store_vec<bf16, 8>(post + o, x);
+      }
+    }
+    warpgroup_sync(c);  // the rows are out before the next tile stages its own
+  }
+#else  // not built for sm_90a: linear_hopper_supported is false and nothing launches this
+  __trap();
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (!fn) {
+    cudaDriverEntryPointQueryResult q;
+    void *p = nullptr;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !p) {
+      fprintf(stderr, "linear_hopper: the driver has no cuTensorMapEncodeTiled\n");
+      abort();
+    }
+    fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+  }
+  return fn;
+}
+
+// The tensor map of a row-major (rows, cols) bf16 matrix, boxes of box_rows x 64 columns with
+// the 128-byte swizzle; outside the matrix TMA reads zeros.
+CUtensorMap tensor_map(const void *base, int64_t rows, int cols, int box_rows) {
+  CUtensorMap m;
+  cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
+  cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
+  cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base),
+                              dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "linear_hopper: cuTensorMapEncodeTiled failed (%d) for %lld x %d at %p\n",
+            (int)r, (long long)rows, cols, base);
+    abort();
+  }
+  return m;
+}
+
+int sm_count() {
+  static int sms = 0;
+  if (!sms) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return sms;
+}
+
+template <int BN>
+void launch(void *pre, void *post, const void *inp, const void *weight, const void *bias, int64_t N,
+            int IC, int OC, cudaStream_t stream) {
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    HopperTile<BN>::kSmemBytes));
+    configured = true;
+  }
+  const int sms = sm_count();
+  CUtensorMap a = tensor_map(inp, N, IC, kBM), b = tensor_map(weight, OC, IC, BN);
+  const int64_t tiles = (N + kBM - 1) / kBM * ((OC + BN - 1) / BN);
+  const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);  // one CTA per SM at most
+  linear_hopper_kernel<BN><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
+      a, b, static_cast<bf16 *>(pre), static_cast<bf16 *>(post), static_cast<const bf16 *>(bias),
+      (int)N, OC, IC);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The tile width for a layer of N rows and OC output features. A CTA's time is about its
+// share of the tiles, ceil(tiles / SMs) (the persistent grid's waves), times a tile's time,
+// about proportional to its width plus a fixed 64 (the A slab it loads whatever its width, the
+// pipeline's fill, the epilogue's barriers); the width with the least of that, the wider on a
+// tie (kernels/PERF.md, version 18, has the widths timed one by one on Swin's layers).
+int default_tile(int64_t N, int OC, int sms) {
+  static const int widths[] = {256, 192, 128, 96};
+  int best = 256;
+  int64_t best_cost = INT64_MAX;
+  for (int w : widths) {
+    const int64_t tiles = (N + kBM - 1) / kBM * ((OC + w - 1) / w);
+    const int64_t cost = (tiles + sms - 1) / sms * (w + 64);
+    if (cost < best_cost) best = w, best_cost = cost;
+  }
+  return best;
+}
+
+}  // namespace
+
+bool linear_hopper_supported(int IC, int OC) {
+#if defined(SWIN_HOPPER_GEMM)
+  static int cc = -1;
+  if (cc < 0) {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      major = minor = 0;
+    cc = 10 * major + minor;
+  }
+  return cc == 90 && IC > 0 && OC > 0 && IC % 8 == 0 && OC % 8 == 0;
+#else
+  (void)IC;
+  (void)OC;
+  return false;
+#endif
+}
+
+void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
+                                const void *bias, int64_t N, int IC, int OC, int tile,
+                                cudaStream_t stream) {
+  if (!linear_hopper_supported(IC, OC)) {
+    fprintf(stderr, "linear_hopper_forward_cuda: IC %d, OC %d not served on this device/build\n",
+            IC, OC);
+    abort();
+  }
+  if (N <= 0) return;
+  if (((uintptr_t)pre | (uintptr_t)post | (uintptr_t)inp | (uintptr_t)weight) % 16 != 0) {
+    fprintf(stderr,
+            "linear_hopper_forward_cuda: pre, post, inp and weight must be 16-byte "
+            "aligned\n");
+    abort();
+  }
+  if (N > INT32_MAX / 2) {
+    fprintf(stderr, "linear_hopper_forward_cuda: N %lld too large\n", (long long)N);
+    abort();
+  }
+  switch (tile ? tile : default_tile(N, OC, sm_count())) {
+    case 96:
+      return launch<96>(pre, post, inp, weight, bias, N, IC, OC, stream);
+    case 128:
+      return launch<128>(pre, post, inp, weight, bias, N, IC, OC, stream);
+    case 192:
+      return launch<192>(pre, post, inp, weight, bias, N, IC, OC, stream);
+    case 256:
+      return launch<256>(pre, post, inp, weight, bias, N, IC, OC, stream);
+    default:
+      fprintf(stderr, "linear_hopper_forward_tile: no tile of width %d (96, 128, 192, 256)\n",
+              tile);
+      abort();
+  }
+}
+
+void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
+                                const void *bias, int64_t N, int IC, int OC, cudaStream_t stream) {
+  linear_hopper_forward_tile(pre, post, inp, weight, bias, N, IC, OC, 0, stream);
+}

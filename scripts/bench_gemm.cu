@@ -1,0 +1,312 @@
+// bench_gemm.cu: our own linear-layer kernels timed against cuBLASLt at batch 128, bf16
+// (kernels/PERF.md). Two tables.
+// 1. The small-K GEMM (kernels/cuda/gemm_small_k.cu) on Swin-T's stage 0 and 1 linear layers:
+//   (a) cuBLASLt linear_forward_cuda (bias in its epilogue; the model's path in stage 1);
+//   (b) linear_small_k_forward_cuda with post = NULL (the model's path in stage 0);
+//   and for the MLP's first layer (fc1) also
+//   (c) cuBLASLt + gelu_forward_cuda (the model's path in stage 1);
+//   (d) linear_small_k_forward_cuda with post (the fused GELU: the model's path in stage 0).
+//   TB/s counts the bytes a layer must move, 2 N IC + 2 N OC (x 2 with post), for every
+//   variant: (c) moves 2 N OC x 2 more than that (the GELU pass reads pre back), so its figure
+//   is the useful rate, comparable with (d)'s.
+// 2. The Hopper GEMM (kernels/cuda/gemm_hopper.cu) on every forward linear layer of Swin-T and
+//   Swin-B: cuBLASLt's heuristic choice (linear_forward_cuda, bias in its epilogue), cuBLASLt's
+//   fastest of 16 (gemm_context_set_tuning), linear_hopper_forward_tile at each tile width and
+//   linear_hopper_forward_cuda (the width it picks); TFLOP/s = 2 N IC OC / time; the largest
+//   difference between ours and cuBLASLt's output relative to its largest magnitude, as a check
+//   that both computed the same product; for fc1, tuned cuBLASLt + gelu_forward_cuda against
+//   linear_hopper_forward_cuda with post (the GELU in its epilogue).
+// Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
+//
+// Build: cmake --build build-gpu (target bench_gemm, CUDA builds only). Run: build-gpu/bench_gemm
+// [small_k] [hopper] (both when none is named).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/gelu.h"
+#include "kernels/gemm.h"
+#include "src/base/cuda_util.h"
+
+namespace {
+
+constexpr int kWarmups = 3, kRepeats = 20;
+
+struct Shape {
+  const char *name;
+  int64_t N;
+  int IC, OC;
+  bool fc1;  // the MLP's first layer: GELU follows
+};
+
+// Swin-T at batch 128: stage 0 (56 x 56 tokens, C = 96), stage 1 (28 x 28, C = 192).
+const Shape kShapes[] = {
+    {"s0 qkv", 401408, 96, 288, false},   {"s0 proj", 401408, 96, 96, false},
+    {"s0 fc1", 401408, 96, 384, true},    {"s1 qkv", 100352, 192, 576, false},
+    {"s1 proj", 100352, 192, 192, false}, {"s1 fc1", 100352, 192, 768, true},
+};
+
+// x (n) uniform in [-scale, scale) from a hash of the index and seed.
+__global__ void fill_kernel(__nv_bfloat16 *x, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16_rn(scale * ((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
+  }
+}
+
+__nv_bfloat16 *random_bf16(int64_t n, uint32_t seed, float scale, cudaStream_t stream) {
+  __nv_bfloat16 *d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, sizeof(__nv_bfloat16) * (size_t)n));
+  fill_kernel<<<1024, 256, 0, stream>>>(d, n, seed, scale);
+  CUDA_CHECK_LAUNCH();
+  return d;
+}
+
+// Median microseconds of run() on stream.
+template <typename F>
+double median_us(cudaStream_t stream, F run) {
+  for (int i = 0; i < kWarmups; i++) run();
+  cudaEvent_t start[kRepeats], stop[kRepeats];
+  for (int i = 0; i < kRepeats; i++) {
+    CUDA_CHECK(cudaEventCreate(&start[i]));
+    CUDA_CHECK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < kRepeats; i++) {
+    CUDA_CHECK(cudaEventRecord(start[i], stream));
+    run();
+    CUDA_CHECK(cudaEventRecord(stop[i], stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  double us[kRepeats];
+  for (int i = 0; i < kRepeats; i++) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1e3 * ms;
+    CUDA_CHECK(cudaEventDestroy(start[i]));
+    CUDA_CHECK(cudaEventDestroy(stop[i]));
+  }
+  std::sort(us, us + kRepeats);
+  return 0.5 * (us[kRepeats / 2 - 1] + us[kRepeats / 2]);
+}
+
+// The bytes a layer must move: inp, pre, and post when it is written.
+double layer_bytes(const Shape &s, bool post) {
+  return 2.0 * (double)s.N * s.IC + 2.0 * (double)s.N * s.OC * (post ? 2 : 1);
+}
+
+double tb_per_s(double bytes, double us) {
+  return bytes / (us * 1e-6) / 1e12;
+}
+
+// Table 1 (see the top of the file).
+void small_k_table(GemmContext *g, cudaStream_t stream) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  printf(
+      "bf16 linear layers, Swin-T batch 128, %s; us = median of %d; TB/s = (2 N IC + 2 N OC "
+      "[x2 with GELU]) / time\n",
+      prop.name, kRepeats);
+  printf("%-8s %7s %4s %4s | %9s %5s | %9s %5s | %6s | %9s %5s | %9s %5s | %6s\n", "shape", "N",
+         "IC", "OC", "cuBLASLt", "TB/s", "ours", "TB/s", "ratio", "cuBL+GELU", "TB/s", "fused",
+         "TB/s", "ratio");
+  for (const Shape &s : kShapes) {
+    if (!linear_small_k_supported(s.IC, s.OC)) {
+      fprintf(stderr, "bench_gemm: %s (IC %d, OC %d) not supported\n", s.name, s.IC, s.OC);
+      exit(1);
+    }
+    const int64_t nout = s.N * s.OC;
+    __nv_bfloat16 *inp = random_bf16(s.N * s.IC, 1, 1.0f, stream);
+    __nv_bfloat16 *weight = random_bf16((int64_t)s.OC * s.IC, 2, 0.1f, stream);
+    __nv_bfloat16 *bias = random_bf16(s.OC, 3, 0.5f, stream);
+    __nv_bfloat16 *pre = nullptr, *post = nullptr;
+    CUDA_CHECK(cudaMalloc(&pre, sizeof(__nv_bfloat16) * (size_t)nout));
+    CUDA_CHECK(cudaMalloc(&post, sizeof(__nv_bfloat16) * (size_t)nout));
+
+    const double a = median_us(stream, [&] {
+      linear_forward_cuda(g, DTYPE_BF16, pre, inp, weight, bias, s.N, s.IC, s.OC);
+    });
+    const double b = median_us(stream, [&] {
+      linear_small_k_forward_cuda(pre, nullptr, inp, weight, bias, s.N, s.IC, s.OC, stream);
+    });
+    const double plain = layer_bytes(s, false), fused = layer_bytes(s, true);
+    printf("%-8s %7lld %4d %4d | %9.1f %5.2f | %9.1f %5.2f | %6.3f |", s.name, (long long)s.N, s.IC,
+           s.OC, a, tb_per_s(plain, a), b, tb_per_s(plain, b), b / a);
+    if (s.fc1) {
+      const double c = median_us(stream, [&] {
+        linear_forward_cuda(g, DTYPE_BF16, pre, inp, weight, bias, s.N, s.IC, s.OC);
+        gelu_forward_cuda(DTYPE_BF16, post, pre, nout, stream);
+      });
+      const double d = median_us(stream, [&] {
+        linear_small_k_forward_cuda(pre, post, inp, weight, bias, s.N, s.IC, s.OC, stream);
+      });
+      printf(" %9.1f %5.2f | %9.1f %5.2f | %6.3f\n", c, tb_per_s(fused, c), d, tb_per_s(fused, d),
+             d / c);
+    } else {
+      printf(" %9s %5s | %9s %5s | %6s\n", "-", "-", "-", "-", "-");
+    }
+    __nv_bfloat16 *bufs[] = {inp, weight, bias, pre, post};
+    for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
+  }
+}
+
+// Swin-T's and Swin-B's forward linear layers at batch 128 (C = 96 or 128 in stage 0, doubling
+// per stage; 3136 tokens an image in stage 0, a quarter per stage): qkv, proj, fc1, fc2, and
+// the patch merging reduction 2 C -> C that starts stages 1-3.
+struct Layer {
+  char name[16];
+  int64_t N;
+  int IC, OC;
+};
+
+std::vector<Layer> forward_layers() {
+  std::vector<Layer> v;
+  for (int m = 0; m < 2; m++)
+    for (int st = 0; st < 4; st++) {
+      const int C = (m == 0 ? 96 : 128) << st;
+      const int64_t N = 128LL * (3136 >> (2 * st));
+      const struct {
+        const char *kind;
+        int IC, OC;
+      } layers[] = {{"qkv", C, 3 * C},
+                    {"proj", C, C},
+                    {"fc1", C, 4 * C},
+                    {"fc2", 4 * C, C},
+                    {"merge", 2 * C, C}};
+      for (const auto &l : layers) {
+        if (st == 0 && l.kind[0] == 'm') continue;  // stage 0 starts with the patch embedding
+        Layer x;
+        snprintf(x.name, sizeof x.name, "%c%d %s", m == 0 ? 't' : 'b', st, l.kind);
+        x.N = N, x.IC = l.IC, x.OC = l.OC;
+        v.push_back(x);
+      }
+    }
+  return v;
+}
+
+__global__ void max_diff_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, int64_t n,
+                                float *out) {  // out[0] = max |a - b|, out[1] = max |b|
+  float d = 0.0f, m = 0.0f;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    d = fmaxf(d, fabsf(x - y));
+    m = fmaxf(m, fabsf(y));
+  }
+  atomicMax((int *)&out[0], __float_as_int(d));  // non-negative floats order as ints
+  atomicMax((int *)&out[1], __float_as_int(m));
+}
+
+// Table 2 (see the top of the file).
+void hopper_table(GemmContext *g, GemmContext *tuned, cudaStream_t stream) {
+  if (!linear_hopper_supported(96, 288)) {
+    printf(
+        "linear_hopper: not served here (needs compute capability 9.0 and a build for sm_90a)\n");
+    return;
+  }
+  static const int tiles[] = {96, 128, 192, 256};
+  printf(
+      "\nus (TFLOP/s); hopper NNN: the tile width NNN; default: the width the kernel picks; "
+      "fc1 rows also: cuBLASLt + the GELU pass against the GELU in the epilogue\n");
+  printf("%-9s %6s %5s %5s | %13s %13s | %6s %6s %6s %6s | %13s %6s | %8s | %7s %7s %6s\n", "layer",
+         "N", "IC", "OC", "cuBLASLt", "tuned", "h96", "h128", "h192", "h256", "default", "/tuned",
+         "rel diff", "cuBL+G", "fused", "ratio");
+  double sum[3] = {0, 0, 0};
+  for (const Layer &s : forward_layers()) {
+    const int64_t nout = s.N * s.OC;
+    const bool fc1 = s.OC == 4 * s.IC;
+    __nv_bfloat16 *inp = random_bf16(s.N * s.IC, 1, 1.0f, stream);
+    __nv_bfloat16 *weight = random_bf16((int64_t)s.OC * s.IC, 2, 0.1f, stream);
+    __nv_bfloat16 *bias = random_bf16(s.OC, 3, 0.5f, stream);
+    __nv_bfloat16 *ref = nullptr, *out = nullptr, *post = nullptr;
+    float *diff = nullptr;
+    CUDA_CHECK(cudaMalloc(&ref, sizeof(__nv_bfloat16) * (size_t)nout));
+    CUDA_CHECK(cudaMalloc(&out, sizeof(__nv_bfloat16) * (size_t)nout));
+    CUDA_CHECK(cudaMalloc(&post, sizeof(__nv_bfloat16) * (size_t)nout));
+    CUDA_CHECK(cudaMalloc(&diff, 2 * sizeof(float)));
+    const double flop = 2.0 * (double)s.N * s.IC * s.OC;
+    const double base = median_us(stream, [&] {
+      linear_forward_cuda(g, DTYPE_BF16, ref, inp, weight, bias, s.N, s.IC, s.OC);
+    });
+    const double best = median_us(stream, [&] {
+      linear_forward_cuda(tuned, DTYPE_BF16, ref, inp, weight, bias, s.N, s.IC, s.OC);
+    });
+    double per_tile[4];
+    for (int k = 0; k < 4; k++)
+      per_tile[k] = median_us(stream, [&] {
+        linear_hopper_forward_tile(out, nullptr, inp, weight, bias, s.N, s.IC, s.OC, tiles[k],
+                                   stream);
+      });
+    const double ours = median_us(stream, [&] {
+      linear_hopper_forward_cuda(out, nullptr, inp, weight, bias, s.N, s.IC, s.OC, stream);
+    });
+    CUDA_CHECK(cudaMemsetAsync(diff, 0, 2 * sizeof(float), stream));
+    max_diff_kernel<<<264, 256, 0, stream>>>(out, ref, nout, diff);
+    CUDA_CHECK_LAUNCH();
+    float h[2];
+    CUDA_CHECK(cudaMemcpyAsync(h, diff, sizeof h, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    printf(
+        "%-9s %6lld %5d %5d | %6.1f (%4.0f) %6.1f (%4.0f) | %6.1f %6.1f %6.1f %6.1f | %6.1f "
+        "(%4.0f) %6.3f | %8.2e |",
+        s.name, (long long)s.N, s.IC, s.OC, base, flop / base * 1e-6, best, flop / best * 1e-6,
+        per_tile[0], per_tile[1], per_tile[2], per_tile[3], ours, flop / ours * 1e-6, best / ours,
+        h[0] / (h[1] > 0 ? h[1] : 1.0f));
+    if (fc1) {
+      const double pair = median_us(stream, [&] {
+        linear_forward_cuda(tuned, DTYPE_BF16, ref, inp, weight, bias, s.N, s.IC, s.OC);
+        gelu_forward_cuda(DTYPE_BF16, post, ref, nout, stream);
+      });
+      const double fused = median_us(stream, [&] {
+        linear_hopper_forward_cuda(out, post, inp, weight, bias, s.N, s.IC, s.OC, stream);
+      });
+      printf(" %7.1f %7.1f %6.3f\n", pair, fused, pair / fused);
+    } else {
+      printf(" %7s %7s %6s\n", "-", "-", "-");
+    }
+    sum[0] += base, sum[1] += best, sum[2] += ours;
+    __nv_bfloat16 *bufs[] = {inp, weight, bias, ref, out, post};
+    for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
+    CUDA_CHECK(cudaFree(diff));
+  }
+  printf("sum: cuBLASLt %.1f us, tuned %.1f, hopper (default tiles) %.1f: tuned / hopper %.3f\n",
+         sum[0], sum[1], sum[2], sum[1] / sum[2]);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (!cuda_device_available()) {
+    fprintf(stderr, "bench_gemm: no CUDA device\n");
+    return 1;
+  }
+  bool small_k = argc == 1, hopper = argc == 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "small_k"))
+      small_k = true;
+    else if (!strcmp(argv[i], "hopper"))
+      hopper = true;
+    else {
+      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper)\n", argv[i]);
+      return 2;
+    }
+  }
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  GemmContext *g = gemm_context_create(stream), *tuned = gemm_context_create(stream);
+  gemm_context_set_tuning(tuned, true);
+  if (small_k) small_k_table(g, stream);
+  if (hopper) hopper_table(g, tuned, stream);
+  gemm_context_destroy(tuned);
+  gemm_context_destroy(g);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
