@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;  // cache: looked up once
   if (!fn) {
     cudaDriverEntryPointQueryResult q;
     void *p = nullptr;
@@ -385,7 +385,7 @@ CUtensorMap tensor_map(const void *base, int64_t rows, int cols, int box_rows) {
 }
 
 int sm_count() {
-  static int sms = 0;
+  static int sms = 0;  // cache: the SMs of the device (every rank has one GPU of one kind)
   if (!sms) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -397,7 +397,7 @@ int sm_count() {
 template <int BN>
 void launch(void *pre, void *post, const void *inp, const void *weight, const void *bias, int64_t N,
             int IC, int OC, cudaStream_t stream) {
-  static bool configured = false;
+  static bool configured = false;  // cache: the shared-memory limit, raised once per width
   if (!configured) {
     CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -435,7 +435,7 @@ int default_tile(int64_t N, int OC, int sms) {
 
 bool linear_hopper_supported(int IC, int OC) {
 #if defined(SWIN_HOPPER_GEMM)
-  static int cc = -1;
+  static int cc = -1;  // cache: the device's compute capability, read once
   if (cc < 0) {
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
