@@ -118,6 +118,27 @@ void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const vo
 void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, int tile,
                                 cudaStream_t stream);
+// The MLP backward's first half on the same kernel (fc2's d(input) with the GELU pass in its
+// epilogue), bf16 only: from dout (N, OC), fc2's weight (OC, IC) as stored and pre (N, IC), fc1's
+// output before the GELU,
+//   dpre (N, IC) = bf16(dout weight) * GELU'(pre), hidden (N, IC) = GELU(pre),
+// each rounded to bf16 once, both as gelu_recompute_backward_cuda computes them from that
+// product; with dpre_sums (IC, f32) not NULL also dpre_sums += the column sums of dpre as stored
+// (fc1's bias gradient): per CTA in a fixed order, then column_partials_reduce_cuda, so the
+// bits are the same run after run on one device (they depend on its SM count). scratch holds
+// weight^T and the partial sums: linear_hopper_dgelu_scratch(N, IC, OC) floats, 16-byte aligned;
+// linear_hopper_dgelu_scratch_bound(w) covers every IC, OC <= w. Served where
+// linear_hopper_supported(OC, IC) (K = OC); every pointer but dpre_sums 16-byte aligned; no
+// output may alias an input.
+int64_t linear_hopper_dgelu_scratch(int64_t N, int IC, int OC);
+int64_t linear_hopper_dgelu_scratch_bound(int max_width);
+void linear_hopper_dgelu_cuda(void *dpre, void *hidden, float *dpre_sums, float *scratch,
+                              const void *dout, const void *weight, const void *pre, int64_t N,
+                              int IC, int OC, cudaStream_t stream);
+// The same at a given tile width (96 or 128; 0: the one linear_hopper_dgelu_cuda picks).
+void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float *scratch,
+                              const void *dout, const void *weight, const void *pre, int64_t N,
+                              int IC, int OC, int tile, cudaStream_t stream);
 
 // Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
 // x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows

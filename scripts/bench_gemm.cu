@@ -16,10 +16,15 @@
 //   difference between ours and cuBLASLt's output relative to its largest magnitude, as a check
 //   that both computed the same product; for fc1, tuned cuBLASLt + gelu_forward_cuda against
 //   linear_hopper_forward_cuda with post (the GELU in its epilogue).
+// 3. The MLP backward's first half (fc2's d(input), then the GELU pass: GELU(pre), dpre and fc1's
+//   bias gradient) on every MLP of Swin-T and Swin-B: tuned cuBLASLt (linear_backward_cuda) +
+//   gelu_recompute_backward_cuda against linear_hopper_dgelu_tile at each width and
+//   linear_hopper_dgelu_cuda (the pass in the product's epilogue), in us; the
+//   largest difference between the two dpre relative to its largest magnitude.
 // Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
 //
 // Build: cmake --build build-gpu (target bench_gemm, CUDA builds only). Run: build-gpu/bench_gemm
-// [small_k] [hopper] (both when none is named).
+// [small_k] [hopper] [dgelu] (all when none is named).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -281,6 +286,74 @@ void hopper_table(GemmContext *g, GemmContext *tuned, cudaStream_t stream) {
          sum[0], sum[1], sum[2], sum[1] / sum[2]);
 }
 
+// Table 3 (see the top of the file).
+void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
+  if (!linear_hopper_supported(96, 384)) return;  // hopper_table said why
+  printf(
+      "\nMLP backward, d(hidden) + GELU pass: us; tuned cuBLASLt + gelu_recompute_backward_cuda "
+      "against linear_hopper_dgelu (h96, h128: at that width)\n");
+  printf("%-9s %6s %5s %5s | %8s | %7s %7s %7s | %6s | %8s\n", "mlp", "N", "IC", "OC", "cuBL+G",
+         "h96", "h128", "default", "ratio", "rel diff");
+  double sum[2] = {0, 0};
+  for (const Layer &l : forward_layers()) {
+    if (l.OC != 4 * l.IC) continue;  // fc1's rows name the MLPs
+    const int64_t N = l.N;
+    const int IC = l.OC, OC = l.IC;  // d(hidden) (N, 4C) from dout (N, C) and fc2's (C, 4C)
+    const int64_t nh = N * IC;
+    __nv_bfloat16 *dout = random_bf16(N * OC, 4, 1.0f, stream);
+    __nv_bfloat16 *weight = random_bf16((int64_t)OC * IC, 5, 0.1f, stream);
+    __nv_bfloat16 *pre = random_bf16(nh, 6, 3.0f, stream);
+    __nv_bfloat16 *dpre = nullptr, *hidden = nullptr, *ref = nullptr;
+    float *sums = nullptr, *scratch = nullptr, *diff = nullptr;
+    const int64_t scratch_floats =
+        std::max(linear_hopper_dgelu_scratch(N, IC, OC), column_sums_cuda_scratch(N, IC));
+    CUDA_CHECK(cudaMalloc(&dpre, sizeof(__nv_bfloat16) * (size_t)nh));
+    CUDA_CHECK(cudaMalloc(&hidden, sizeof(__nv_bfloat16) * (size_t)nh));
+    CUDA_CHECK(cudaMalloc(&ref, sizeof(__nv_bfloat16) * (size_t)nh));
+    CUDA_CHECK(cudaMalloc(&sums, sizeof(float) * (size_t)IC));
+    CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * (size_t)scratch_floats));
+    CUDA_CHECK(cudaMalloc(&diff, 2 * sizeof(float)));
+    CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(float) * (size_t)IC, stream));
+    const double pair = median_us(stream, [&] {
+      linear_backward_cuda(tuned, DTYPE_BF16, ref, nullptr, nullptr, dout, nullptr, weight, N, IC,
+                           OC, nullptr);
+      gelu_recompute_backward_cuda(DTYPE_BF16, hidden, ref, pre, ref, N, IC, sums, scratch, stream);
+    });
+    double at[2];
+    static const int widths[] = {96, 128};
+    for (int k = 0; k < 2; k++)
+      at[k] = median_us(stream, [&] {
+        linear_hopper_dgelu_tile(dpre, hidden, sums, scratch, dout, weight, pre, N, IC, OC,
+                                 widths[k], stream);
+      });
+    const double ours = median_us(stream, [&] {
+      linear_hopper_dgelu_cuda(dpre, hidden, sums, scratch, dout, weight, pre, N, IC, OC, stream);
+    });
+    // The two dpre: one more run of each (the pass works in place on ref).
+    linear_backward_cuda(tuned, DTYPE_BF16, ref, nullptr, nullptr, dout, nullptr, weight, N, IC, OC,
+                         nullptr);
+    gelu_recompute_backward_cuda(DTYPE_BF16, hidden, ref, pre, ref, N, IC, nullptr, nullptr,
+                                 stream);
+    CUDA_CHECK(cudaMemsetAsync(diff, 0, 2 * sizeof(float), stream));
+    max_diff_kernel<<<264, 256, 0, stream>>>(dpre, ref, nh, diff);
+    CUDA_CHECK_LAUNCH();
+    float h[2];
+    CUDA_CHECK(cudaMemcpyAsync(h, diff, sizeof h, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    char name[16];
+    snprintf(name, sizeof name, "%.2s mlp", l.name);
+    printf("%-9s %6lld %5d %5d | %8.1f | %7.1f %7.1f %7.1f | %6.3f | %8.2e\n", name, (long long)N,
+           IC, OC, pair, at[0], at[1], ours, pair / ours, h[0] / (h[1] > 0 ? h[1] : 1.0f));
+    sum[0] += pair, sum[1] += ours;
+    __nv_bfloat16 *bufs[] = {dout, weight, pre, dpre, hidden, ref};
+    for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
+    float *fbufs[] = {sums, scratch, diff};
+    for (float *p : fbufs) CUDA_CHECK(cudaFree(p));
+  }
+  printf("sum: tuned cuBLASLt + GELU pass %.1f us, hopper dgelu %.1f: ratio %.3f\n", sum[0], sum[1],
+         sum[0] / sum[1]);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -288,14 +361,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_gemm: no CUDA device\n");
     return 1;
   }
-  bool small_k = argc == 1, hopper = argc == 1;
+  bool small_k = argc == 1, hopper = argc == 1, dgelu = argc == 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "small_k"))
       small_k = true;
     else if (!strcmp(argv[i], "hopper"))
       hopper = true;
+    else if (!strcmp(argv[i], "dgelu"))
+      dgelu = true;
     else {
-      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper)\n", argv[i]);
+      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper, dgelu)\n", argv[i]);
       return 2;
     }
   }
@@ -305,6 +380,7 @@ int main(int argc, char **argv) {
   gemm_context_set_tuning(tuned, true);
   if (small_k) small_k_table(g, stream);
   if (hopper) hopper_table(g, tuned, stream);
+  if (dgelu) dgelu_table(tuned, stream);
   gemm_context_destroy(tuned);
   gemm_context_destroy(g);
   CUDA_CHECK(cudaStreamDestroy(stream));

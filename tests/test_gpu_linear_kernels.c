@@ -14,6 +14,12 @@
 //   reductions of all four stages) with N = 1, 77 and 4099 (partial tiles of 128 rows), shapes
 //   whose K is not a multiple of the 64-element slab and whose OC leaves a partial column tile,
 //   with and without the bias and the GELU; and each tile width (linear_hopper_forward_tile).
+// linear_hopper_dgelu_cuda, the MLP backward's d(hidden) product with the GELU pass in its
+//   epilogue: dpre against the CPU's (dout weight) GELU'(pre), element by element; hidden
+//   bitwise against gelu_recompute_backward_cuda's on the same pre; dpre_sums (started from
+//   random values: the kernel adds) against the column sums of the downloaded dpre. Swin-T's
+//   four MLP shapes with N = 77 and 4099, a K that is not a multiple of 64 with a partial column
+//   tile, each tile width, dpre_sums NULL, and N = 50,000 (many tiles per CTA).
 // Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
 #include "tests/util/test_gpu_util.h"
 
@@ -237,6 +243,104 @@ static void check_hopper(TestRng *rng) {
   }
 }
 
+// One linear_hopper_dgelu_tile case (see the top of the file).
+static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng *rng) {
+  char ctx[160];
+  snprintf(ctx, sizeof ctx, "linear_hopper_dgelu N=%lld IC=%d OC=%d tile %d%s", (long long)N, IC,
+           OC, tile, sums ? "" : " (sums NULL)");
+  const int64_t nd = N * OC, nw = (int64_t)OC * IC, nh = N * IC;
+  // d(hidden) of spread ~1.7 as in check_case; pre in [-4, 4): GELU' from ~0 through its
+  // minimum near -0.75 to ~1.
+  const float wscale = 5.0f / sqrtf((float)OC);
+  float *dout = test_random_act(rng, DTYPE_BF16, nd, -1.0f, 1.0f);
+  float *w = test_random_act(rng, DTYPE_BF16, nw, -wscale, wscale);
+  float *pre = test_random_act(rng, DTYPE_BF16, nh, -4.0f, 4.0f);
+  float *sums0 = test_random_act(rng, DTYPE_F32, IC, -1.0f, 1.0f);
+
+  // The reference: dh = dout w (N, IC), dpre = dh GELU'(pre); S = |dout| |w| for the bounds.
+  float *dh = test_alloc_floats(nh), *S = test_alloc_floats(nh), *want = test_alloc_floats(nh);
+  gemm_cpu(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dh, IC);
+  float *ad = test_copy_floats(dout, nd), *aw = test_copy_floats(w, nw);
+  for (int64_t i = 0; i < nd; i++) ad[i] = fabsf(ad[i]);
+  for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(aw[i]);
+  gemm_cpu(false, false, N, IC, OC, 1.0f, ad, OC, aw, IC, 0.0f, S, IC);
+  gelu_backward_cpu(want, pre, dh, nh);
+
+  void *d_dout = upload_bf16(dout, nd), *d_w = upload_bf16(w, nw), *d_pre = upload_bf16(pre, nh);
+  void *d_dpre = poisoned_bf16(nh), *d_hidden = poisoned_bf16(nh);
+  float *d_sums = gpu_alloc(sizeof(float) * (size_t)IC);
+  CUDA_CHECK(cudaMemcpy(d_sums, sums0, sizeof(float) * (size_t)IC, cudaMemcpyHostToDevice));
+  const int64_t scratch_floats = linear_hopper_dgelu_scratch(N, IC, OC);
+  float *d_scratch = gpu_alloc(sizeof(float) * (size_t)scratch_floats);
+  CUDA_CHECK(cudaMemset(d_scratch, 0xFF, sizeof(float) * (size_t)scratch_floats));
+  linear_hopper_dgelu_tile(d_dpre, d_hidden, sums ? d_sums : NULL, d_scratch, d_dout, d_w, d_pre, N,
+                           IC, OC, tile, 0);
+  CUDA_CHECK(cudaGetLastError());
+  uint16_t *dpre = download_bits(d_dpre, nh), *hidden = download_bits(d_hidden, nh);
+
+  // dpre: the product's error (pre_bound) carried through GELU' and the final rounding, as
+  // post_bound carries it through GELU (|GELU'| <= 1.13 as |GELU'|'s bound there).
+  double *bound = malloc_check(sizeof(double) * (size_t)nh);
+  for (int64_t i = 0; i < nh; i++)
+    bound[i] = post_bound(dh[i], want[i], pre_bound(dh[i], S[i], OC));
+  check_within(ctx, "dpre", dpre, want, bound, N, IC);
+
+  // hidden: the GELU pass on the same pre (any dout) gives the same bits.
+  void *d_ref = poisoned_bf16(nh), *d_scratch2 = poisoned_bf16(nh);
+  gelu_recompute_backward_cuda(DTYPE_BF16, d_ref, d_scratch2, d_pre, d_pre, N, IC, NULL, NULL, 0);
+  uint16_t *ref = download_bits(d_ref, nh);
+  check_same_bits(ctx, "hidden vs gelu_recompute_backward_cuda", hidden, ref, N, IC);
+
+  // dpre_sums: sums0 + the column sums of dpre as stored. The kernel adds in f32 over 64 rows,
+  // then over a CTA's tiles (at most ceil(N / 128)), then in double: each term's relative error
+  // at most (64 + ceil(N / 128)) 2^-24 of the column's sum of magnitudes, and the final f32
+  // rounding; one element missed or counted twice moves a sum by ~1/N of it, 40x more at N=4099.
+  float *got = test_alloc_floats(IC);
+  CUDA_CHECK(cudaMemcpy(got, d_sums, sizeof(float) * (size_t)IC, cudaMemcpyDeviceToHost));
+  int64_t bad = 0, worst = 0;
+  double worst_ratio = -1.0;
+  for (int c = 0; c < IC; c++) {
+    double exact = 0.0, mag = 0.0;
+    for (int64_t r = 0; r < N; r++) {
+      const double v = bf16_to_f32(dpre[r * IC + c]);
+      exact += v;
+      mag += fabs(v);
+    }
+    const double expect = sums ? sums0[c] + exact : sums0[c];
+    const double b = (64.0 + (double)((N + 127) / 128)) * 0x1p-24 * mag + 0x1p-23 * fabs(expect);
+    const double ratio = sums ? fabs(got[c] - expect) / b : (got[c] == sums0[c] ? 0.0 : INFINITY);
+    if (!(ratio <= 1.0)) bad++;
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = c;
+  }
+  test_check(bad == 0, "%s: dpre_sums %s; %lld of %d out of bound, worst column %lld (%.3g of it)",
+             ctx, sums ? "+= column sums of dpre" : "untouched", (long long)bad, IC,
+             (long long)worst, worst_ratio);
+
+  void *bufs[] = {d_dout, d_w, d_pre, d_dpre, d_hidden, d_sums, d_scratch, d_ref, d_scratch2};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
+  float *hs[] = {dout, w, pre, sums0, dh, S, want, ad, aw, got};
+  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
+  free(dpre);
+  free(hidden);
+  free(ref);
+  free(bound);
+}
+
+static void check_hopper_dgelu(TestRng *rng) {
+  if (!linear_hopper_supported(96, 384)) return;  // check_hopper printed the SKIP
+  // Swin-T's MLPs: IC = hidden = 4 C, OC = C.
+  static const SmallKShape mlp[] = {{384, 96}, {768, 192}, {1536, 384}, {3072, 768}};
+  static const int64_t rows[] = {77, 4099};
+  for (size_t s = 0; s < sizeof mlp / sizeof mlp[0]; s++)
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+      check_dgelu(rows[r], mlp[s].IC, mlp[s].OC, 0, true, rng);
+  check_dgelu(4099, 264, 200, 0, true, rng);  // K = 200: a partial slab; 264 = 2 x 128 + 8
+  check_dgelu(1000, 520, 136, 96, true, rng);
+  check_dgelu(1000, 520, 136, 128, true, rng);
+  check_dgelu(333, 384, 96, 0, false, rng);
+  check_dgelu(50000, 384, 96, 0, true, rng);
+}
+
 // The shape query agrees with the header's limits.
 static void check_supported(void) {
   bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
@@ -265,6 +369,7 @@ int main(void) {
   check_case(linear_small_k_forward_cuda, "linear_small_k", 192, 192, 77,
              (SmallKMode){.bias = false, .post = true}, &rng);
   check_hopper(&rng);
+  check_hopper_dgelu(&rng);
 #endif
   return test_finish();
 }

@@ -3,8 +3,10 @@
 // into shared memory, wgmma multiplies them there, a warp-specialized pipeline keeps both busy.
 // It is the first step toward the LayerNorm and the GELU inside the GEMMs (kernels/PERF.md,
 // version 18): a GEMM whose operand loads and epilogue are ours, which cuBLASLt cannot offer.
+// The same kernel with a second epilogue is the MLP backward's d(hidden) product with the GELU
+// pass in it (linear_hopper_dgelu_cuda; version 19): see linear_hopper_kernel.
 //
-// Design. A CTA computes BM x BN tiles of out (BM = 128 rows, BN = 128 or 256 output features)
+// Design. A CTA computes BM x BN tiles of out (BM = 128 rows, BN = 96-256 output features)
 // with three warpgroups: the producer (one thread issues the copies) and two consumers, each
 // owning 64 rows of the tile. The grid is persistent (one CTA per SM, tiles taken in strides of
 // the grid), so the producer loads the next tile's operands while the consumers finish the last.
@@ -228,15 +230,21 @@ struct Wgmma<256> {
 
 #endif  // SWIN_HOPPER_GEMM, and sm_90a or the host
 
-// pre (M, N) = A (M, K) B (N, K)^T + bias (N, or NULL); with post not NULL also post =
-// GELU(pre as stored in bf16), by the GELU forward's own device function (bitwise
-// gelu_forward_cuda of this pre).
-template <int BN>
+// The forward (DGELU false): pre (M, N) = A (M, K) B (N, K)^T + bias (N, or NULL); with post
+// not NULL also post = GELU(pre as stored in bf16), by the GELU forward's own device function
+// (bitwise gelu_forward_cuda of this pre).
+// The MLP backward (DGELU true; bias NULL): g = A B^T rounded to bf16 (d(hidden)), then from
+// x = gelu_in (M, N), the pre-activation: post = GELU(x) and pre = g GELU'(x) (d(pre)), both
+// as gelu_recompute_backward_cuda computes them; with partial not NULL, also this CTA's column
+// sums of pre as stored, one row of partial per consumer (the grid is then a multiple of the
+// column tiles, so a CTA keeps one column tile: blockIdx.x % tiles_n).
+template <int BN, bool DGELU>
 __global__ void __launch_bounds__(kThreads, 1)
     linear_hopper_kernel(const __grid_constant__ CUtensorMap map_a,
                          const __grid_constant__ CUtensorMap map_b, bf16 *__restrict__ pre,
-                         bf16 *__restrict__ post, const bf16 *__restrict__ bias, int M, int N,
-                         int K) {
+                         bf16 *__restrict__ post, const bf16 *__restrict__ bias,
+                         const bf16 *__restrict__ gelu_in, float *__restrict__ partial, int M,
+                         int N, int K) {
 #if defined(SWIN_HOPPER_GEMM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTile<BN>;
   constexpr int S = T::kStages;
@@ -286,9 +294,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+  constexpr int kVecs = BN / 8;               // 16-byte vectors of a row
+  constexpr int kThreadVecs = BN / 16;        // a thread's vectors of the consumer's 64 rows
+  constexpr int kSumCols = (BN + 127) / 128;  // a thread's columns of the column sums
+  float colsum[kSumCols] = {};
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * kBM, n0 = tile % tiles_n * BN;
+    // The backward's pre-activations, loaded now for the epilogue: in flight during the
+    // mainloop (thread t's vectors t + 128 i of the consumer's rows, as the epilogue walks them).
+    uint4 xin[DGELU ? kThreadVecs : 1];
+    if constexpr (DGELU) {
+#pragma unroll
+      for (int i = 0; i < kThreadVecs; i++) {
+        const int v = t + 128 * i, gr = m0 + row_slab + v / kVecs, gc = n0 + v % kVecs * 8;
+        xin[i] = gr < M && gc < N ? __ldg((const uint4 *)&gelu_in[(int64_t)gr * N + gc])
+                                  : make_uint4(0, 0, 0, 0);
+      }
+    }
     // The mainloop: a slab's four products are committed as one group; once the group before
     // it has finished, that slab's stage goes back to the producer.
     for (int k = 0; k < slabs; k++, it++) {
@@ -325,23 +348,72 @@ __global__ void __launch_bounds__(kThreads, 1)
           __floats2bfloat162_rn(d[4 * j + 2] + b0, d[4 * j + 3] + b1);
     }
     warpgroup_sync(c);
-    constexpr int kVecs = BN / 8;  // 16-byte vectors of a row
-    for (int v = t; v < 64 * kVecs; v += 128) {
-      const int row = v / kVecs, col = v % kVecs * 8;
-      const int gr = m0 + row_slab + row, gc = n0 + col;
-      if (gr >= M || gc >= N) continue;  // N is a multiple of 8: a vector is wholly in or out
-      const bf16 *st = &staged[row * T::kOutPitch + col];
-      const int64_t o = (int64_t)gr * N + gc;
-      *(uint4 *)&pre[o] = *(const uint4 *)st;
-      if (post) {
-        float x[8];
-        load_vec<bf16, 8>(x, st);
+    if constexpr (DGELU) {
+      // N is a multiple of 8: a vector is wholly in or out. Vectors outside the matrices are
+      // staged as zeros for the column sums.
 #pragma unroll
-        for (int e = 0; e < 8; e++) x[e] = gelu_value<bf16>(x[e]);
-        store_vec<bf16, 8>(post + o, x);
+      for (int i = 0; i < kThreadVecs; i++) {
+        const int v = t + 128 * i, row = v / kVecs, col = v % kVecs * 8;
+        const int gr = m0 + row_slab + row, gc = n0 + col;
+        bf16 *st = &staged[row * T::kOutPitch + col];
+        if (gr >= M || gc >= N) {
+          *(uint4 *)st = make_uint4(0, 0, 0, 0);
+          continue;
+        }
+        float g[8], x[8], y[8];
+        load_vec<bf16, 8>(g, st);
+        const bf16 *xe = reinterpret_cast<const bf16 *>(&xin[i]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          x[e] = __bfloat162float(xe[e]);
+          float cdf, pdf;
+          normal_cdf_pdf<bf16>(x[e], &cdf, &pdf);
+          y[e] = x[e] * cdf;
+          g[e] *= fmaf(x[e], pdf, cdf);
+        }
+        const int64_t o = (int64_t)gr * N + gc;
+        store_vec<bf16, 8>(post + o, y);
+        store_vec<bf16, 8>(pre + o, g);
+        store_vec<bf16, 8>(st, g);  // as stored, for the column sums
+      }
+      if (partial) {
+        warpgroup_sync(c);
+#pragma unroll
+        for (int q = 0; q < kSumCols; q++) {
+          const int col = t + 128 * q;
+          if (col >= BN) break;
+          float s = 0.0f;
+          for (int r = 0; r < 64; r++) s += __bfloat162float(staged[r * T::kOutPitch + col]);
+          colsum[q] += s;
+        }
+      }
+    } else {
+      for (int v = t; v < 64 * kVecs; v += 128) {
+        const int row = v / kVecs, col = v % kVecs * 8;
+        const int gr = m0 + row_slab + row, gc = n0 + col;
+        if (gr >= M || gc >= N) continue;  // N is a multiple of 8: a vector is wholly in or out
+        const bf16 *st = &staged[row * T::kOutPitch + col];
+        const int64_t o = (int64_t)gr * N + gc;
+        *(uint4 *)&pre[o] = *(const uint4 *)st;
+        if (post) {
+          float x[8];
+          load_vec<bf16, 8>(x, st);
+#pragma unroll
+          for (int e = 0; e < 8; e++) x[e] = gelu_value<bf16>(x[e]);
+          store_vec<bf16, 8>(post + o, x);
+        }
       }
     }
     warpgroup_sync(c);  // the rows are out before the next tile stages its own
+  }
+  if (DGELU && partial) {  // this CTA's sums over its tiles, in their order
+    const int n0 = blockIdx.x % tiles_n * BN;
+    float *row = partial + (int64_t)(blockIdx.x / tiles_n * kConsumers + c) * N;
+#pragma unroll
+    for (int q = 0; q < kSumCols; q++) {
+      const int col = t + 128 * q;
+      if (col < BN && n0 + col < N) row[n0 + col] = colsum[q];
+    }
   }
 #else  // not built for sm_90a: linear_hopper_supported is false and nothing launches this
   __trap();
@@ -394,41 +466,125 @@ int sm_count() {
   return sms;
 }
 
-template <int BN>
-void launch(void *pre, void *post, const void *inp, const void *weight, const void *bias, int64_t N,
-            int IC, int OC, cudaStream_t stream) {
-  static bool configured = false;  // cache: the shared-memory limit, raised once per width
+// One product: out (N, OC) from inp (N, K) and weight (OC, K); pre, post, bias, gelu_in and
+// partial as linear_hopper_kernel takes them.
+struct Product {
+  void *pre, *post;
+  const void *inp, *weight, *bias, *gelu_in;
+  float *partial;
+  int64_t N;
+  int K, OC;
+};
+
+int64_t column_tiles(int OC, int width) {
+  return (OC + width - 1) / width;
+}
+
+// The persistent grid: one CTA per SM at most; for the backward's column sums a multiple of the
+// column tiles, so that every CTA keeps one column tile (at least one CTA per column tile).
+unsigned grid_size(const Product &p, int width, bool column_sums, int sms) {
+  const int64_t tiles_n = column_tiles(p.OC, width), tiles_m = (p.N + kBM - 1) / kBM;
+  if (column_sums) {
+    int64_t per_column = sms / tiles_n;
+    if (per_column < 1) per_column = 1;
+    if (per_column > tiles_m) per_column = tiles_m;
+    return (unsigned)(tiles_n * per_column);
+  }
+  const int64_t tiles = tiles_m * tiles_n;
+  return (unsigned)(tiles < sms ? tiles : sms);
+}
+
+template <int BN, bool DGELU>
+void launch(const Product &p, cudaStream_t stream) {
+  static bool configured = false;  // cache: the shared-memory limit, raised once per kernel
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN>,
+    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN, DGELU>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     HopperTile<BN>::kSmemBytes));
     configured = true;
   }
-  const int sms = sm_count();
-  CUtensorMap a = tensor_map(inp, N, IC, kBM), b = tensor_map(weight, OC, IC, BN);
-  const int64_t tiles = (N + kBM - 1) / kBM * ((OC + BN - 1) / BN);
-  const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);  // one CTA per SM at most
-  linear_hopper_kernel<BN><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
-      a, b, static_cast<bf16 *>(pre), static_cast<bf16 *>(post), static_cast<const bf16 *>(bias),
-      (int)N, OC, IC);
+  CUtensorMap a = tensor_map(p.inp, p.N, p.K, kBM), b = tensor_map(p.weight, p.OC, p.K, BN);
+  const unsigned grid = grid_size(p, BN, DGELU && p.partial, sm_count());
+  linear_hopper_kernel<BN, DGELU><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
+      a, b, static_cast<bf16 *>(p.pre), static_cast<bf16 *>(p.post),
+      static_cast<const bf16 *>(p.bias), static_cast<const bf16 *>(p.gelu_in), p.partial, (int)p.N,
+      p.OC, p.K);
   CUDA_CHECK_LAUNCH();
 }
 
-// The tile width for a layer of N rows and OC output features. A CTA's time is about its
+// The tile width for a product of N rows and OC output features. A CTA's time is about its
 // share of the tiles, ceil(tiles / SMs) (the persistent grid's waves), times a tile's time,
 // about proportional to its width plus a fixed 64 (the A slab it loads whatever its width, the
 // pipeline's fill, the epilogue's barriers); the width with the least of that, the wider on a
-// tie (kernels/PERF.md, version 18, has the widths timed one by one on Swin's layers).
-int default_tile(int64_t N, int OC, int sms) {
+// tie (kernels/PERF.md, version 18, has the widths timed one by one on Swin's layers). The
+// backward's epilogue holds a tile's pre-activations in registers beside the accumulators, so
+// it stops at max_width 128 (at 192 they spill).
+int default_tile(int64_t N, int OC, int sms, int max_width) {
   static const int widths[] = {256, 192, 128, 96};
-  int best = 256;
+  int best = 96;
   int64_t best_cost = INT64_MAX;
   for (int w : widths) {
-    const int64_t tiles = (N + kBM - 1) / kBM * ((OC + w - 1) / w);
+    if (w > max_width) continue;
+    const int64_t tiles = (N + kBM - 1) / kBM * column_tiles(OC, w);
     const int64_t cost = (tiles + sms - 1) / sms * (w + 64);
     if (cost < best_cost) best = w, best_cost = cost;
   }
   return best;
+}
+
+template <bool DGELU>
+void launch_at_width(const Product &p, int width, const char *fn, cudaStream_t stream) {
+  switch (width) {
+    case 96:
+      return launch<96, DGELU>(p, stream);
+    case 128:
+      return launch<128, DGELU>(p, stream);
+    case 192:
+      if constexpr (!DGELU) return launch<192, false>(p, stream);
+      break;
+    case 256:
+      if constexpr (!DGELU) return launch<256, false>(p, stream);
+      break;
+  }
+  fprintf(stderr, "%s: no tile of width %d (96, 128%s)\n", fn, width, DGELU ? "" : ", 192, 256");
+  abort();
+}
+
+// The checks both entry points make; aborts with fn's name on a misuse (an internal error).
+void check_product(const char *fn, const Product &p) {
+  if (!linear_hopper_supported(p.K, p.OC)) {
+    fprintf(stderr, "%s: K %d, OC %d not served on this device/build\n", fn, p.K, p.OC);
+    abort();
+  }
+  const uintptr_t ptrs = (uintptr_t)p.pre | (uintptr_t)p.post | (uintptr_t)p.inp |
+                         (uintptr_t)p.weight | (uintptr_t)p.gelu_in;
+  if (ptrs % 16 != 0) {
+    fprintf(stderr, "%s: every pointer but bias must be 16-byte aligned\n", fn);
+    abort();
+  }
+  if (p.N > INT32_MAX / 2) {
+    fprintf(stderr, "%s: N %lld too large\n", fn, (long long)p.N);
+    abort();
+  }
+}
+
+// out (cols, rows) = in (rows, cols)^T, bf16, through 32 x 32 tiles in shared memory.
+__global__ void transpose_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ in, int rows,
+                                 int cols) {
+  __shared__ bf16 tile[32][34];
+  const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+  for (int j = threadIdx.y; j < 32; j += blockDim.y)
+    if (r0 + j < rows && c0 + threadIdx.x < cols)
+      tile[j][threadIdx.x] = in[(int64_t)(r0 + j) * cols + c0 + threadIdx.x];
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += blockDim.y)
+    if (c0 + j < cols && r0 + threadIdx.x < rows)
+      out[(int64_t)(c0 + j) * rows + r0 + threadIdx.x] = tile[threadIdx.x][j];
+}
+
+// Floats of scratch the transposed weight (OC, IC) takes, rounded up to 16 bytes.
+int64_t transposed_floats(int IC, int OC) {
+  return ((int64_t)IC * OC + 7) / 8 * 4;
 }
 
 }  // namespace
@@ -455,39 +611,56 @@ bool linear_hopper_supported(int IC, int OC) {
 void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, int tile,
                                 cudaStream_t stream) {
-  if (!linear_hopper_supported(IC, OC)) {
-    fprintf(stderr, "linear_hopper_forward_cuda: IC %d, OC %d not served on this device/build\n",
-            IC, OC);
-    abort();
-  }
+  const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, N, IC, OC};
+  check_product("linear_hopper_forward_cuda", p);
   if (N <= 0) return;
-  if (((uintptr_t)pre | (uintptr_t)post | (uintptr_t)inp | (uintptr_t)weight) % 16 != 0) {
-    fprintf(stderr,
-            "linear_hopper_forward_cuda: pre, post, inp and weight must be 16-byte "
-            "aligned\n");
-    abort();
-  }
-  if (N > INT32_MAX / 2) {
-    fprintf(stderr, "linear_hopper_forward_cuda: N %lld too large\n", (long long)N);
-    abort();
-  }
-  switch (tile ? tile : default_tile(N, OC, sm_count())) {
-    case 96:
-      return launch<96>(pre, post, inp, weight, bias, N, IC, OC, stream);
-    case 128:
-      return launch<128>(pre, post, inp, weight, bias, N, IC, OC, stream);
-    case 192:
-      return launch<192>(pre, post, inp, weight, bias, N, IC, OC, stream);
-    case 256:
-      return launch<256>(pre, post, inp, weight, bias, N, IC, OC, stream);
-    default:
-      fprintf(stderr, "linear_hopper_forward_tile: no tile of width %d (96, 128, 192, 256)\n",
-              tile);
-      abort();
-  }
+  launch_at_width<false>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
+                         "linear_hopper_forward_tile", stream);
 }
 
 void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, cudaStream_t stream) {
   linear_hopper_forward_tile(pre, post, inp, weight, bias, N, IC, OC, 0, stream);
+}
+
+int64_t linear_hopper_dgelu_scratch(int64_t N, int IC, int OC) {
+  (void)N;  // the partial sums take a row per consumer of a CTA, whatever N
+  return transposed_floats(IC, OC) + (int64_t)kConsumers * sm_count() * IC;
+}
+
+int64_t linear_hopper_dgelu_scratch_bound(int max_width) {
+  return linear_hopper_dgelu_scratch(0, max_width, max_width);
+}
+
+void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float *scratch,
+                              const void *dout, const void *weight, const void *pre, int64_t N,
+                              int IC, int OC, int tile, cudaStream_t stream) {
+  const char *fn = "linear_hopper_dgelu_cuda";
+  // The product d(hidden) = dout weight has K = OC and IC output features: its B operand is
+  // weight^T (IC, OC), K-major, transposed into scratch first.
+  bf16 *wt = reinterpret_cast<bf16 *>(scratch);
+  float *partial = dpre_sums ? scratch + transposed_floats(IC, OC) : nullptr;
+  const Product p = {dpre, hidden, dout, wt, nullptr, pre, partial, N, OC, IC};
+  check_product(fn, p);
+  if (!scratch || (uintptr_t)scratch % 16 != 0) {
+    fprintf(stderr, "%s: scratch missing or not 16-byte aligned\n", fn);
+    abort();
+  }
+  if (N <= 0) return;
+  transpose_kernel<<<dim3((unsigned)((IC + 31) / 32), (unsigned)((OC + 31) / 32)), dim3(32, 8), 0,
+                     stream>>>(wt, static_cast<const bf16 *>(weight), OC, IC);
+  CUDA_CHECK_LAUNCH();
+  const int width = tile ? tile : default_tile(N, IC, sm_count(), 128);
+  launch_at_width<true>(p, width, "linear_hopper_dgelu_tile", stream);
+  if (dpre_sums)
+    column_partials_reduce_cuda(
+        dpre_sums, partial,
+        grid_size(p, width, true, sm_count()) / column_tiles(IC, width) * kConsumers, IC, stream);
+}
+
+void linear_hopper_dgelu_cuda(void *dpre, void *hidden, float *dpre_sums, float *scratch,
+                              const void *dout, const void *weight, const void *pre, int64_t N,
+                              int IC, int OC, cudaStream_t stream) {
+  linear_hopper_dgelu_tile(dpre, hidden, dpre_sums, scratch, dout, weight, pre, N, IC, OC, 0,
+                           stream);
 }

@@ -233,7 +233,7 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   // at most ~1024 blocks of 3C partials (kernels/cuda/layernorm*.cu); the attention backward
   // (kernels/cuda/attention.cu); a bias gradient's column sums (GELU's, qkv's, the head's) at most
   // 1024 rows of partials (column_sums_cuda_scratch), plus, for the head, d(pooled); the optimizer
-  // its own.
+  // its own; the MLP backward on the Hopper GEMM its own.
   int64_t need = 3 * 1024 * (int64_t)n->max_width;
   // The attention backward's window sums of dS and qkv bias sums (kernels/attention.h).
   int64_t k = window_attention_backward_cuda_scratch_bound(n->max_window_tokens, n->max_heads,
@@ -248,6 +248,11 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   if (k > need) need = k;
   k = optimizer_step_cuda_scratch(n->num_params);
   if (k > need) need = k;
+  // The MLP backward on the Hopper GEMM: fc2's weight transposed and the column-sum partials.
+  if (be->act == DTYPE_BF16 && linear_hopper_supported(8, 8)) {
+    k = linear_hopper_dgelu_scratch_bound(n->max_width);
+    if (k > need) need = k;
+  }
   if (need > st->scratch_floats) {
     cuda_release(be, st->scratch);
     st->scratch = static_cast<float *>(cuda_alloc(be, sizeof(float) * (size_t)need));
@@ -521,10 +526,31 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
 
 // d(hidden) first, then one pass over pre gives GELU(pre) (the dweight product's input), dpre
 // and dpre's column sums; then the dweight product.
+// In bf16 the pass runs in the d(hidden) product's epilogue on the Hopper GEMM where it serves
+// the shape and the layer has at most 512 features: there the pass's bytes outweigh the
+// product, which runs slower than cuBLASLt's; at 768 and 1024 (Swin-T's and Swin-B's stage 3,
+// compute-bound) the pair was faster (kernels/PERF.md, version 19).
+bool use_hopper_dgelu(const Backend *be, int IC, int OC, const void *dpre, const void *hidden,
+                      const void *dout, const void *pre, const void *weight) {
+  auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
+  return be->act == DTYPE_BF16 && OC <= 512 && linear_hopper_supported(OC, IC) && aligned(dpre) &&
+         aligned(hidden) && aligned(dout) && aligned(pre) && aligned(weight);
+}
+
 void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
                                float *dpre_bias, const void *dout, const void *pre,
                                const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
+  if (use_hopper_dgelu(be, IC, OC, dpre, hidden, dout, pre, weight)) {
+    {
+      OpScope scope(be, OP_GEMM);
+      linear_hopper_dgelu_cuda(dpre, hidden, dpre_bias,
+                               scratch_of(be, linear_hopper_dgelu_scratch(N, IC, OC)), dout, weight,
+                               pre, N, IC, OC, st->compute);
+    }
+    cuda_linear_backward(be, nullptr, dweight, nullptr, dout, hidden, weight, N, IC, OC);
+    return;
+  }
   {
     OpScope scope(be, OP_GEMM);
     linear_backward_cuda(st->gemm, be->act, dpre, nullptr, nullptr, dout, nullptr, weight, N, IC,
