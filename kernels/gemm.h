@@ -87,9 +87,9 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 
 // A linear layer for small K of our own (kernels/cuda/gemm_small_k.cu), bf16 only, with the
 // bias and optionally the exact GELU in its epilogue. The model runs its bf16 layers on 96 input
-// features (Swin-T's stage 0: qkv, proj, fc1 with its GELU) on it (src/model/backend_cuda.cu,
-// use_small_k), where it beat linear_forward_cuda + gelu_forward_cuda (kernels/PERF.md,
-// version 12; scripts/bench_gemm.cu times the two).
+// features (Swin-T's stage 0: qkv, proj, fc1, with its GELU where fc2 does not apply it) on it
+// (src/model/backend_cuda.cu, use_small_k), where it beat linear_forward_cuda + gelu_forward_cuda
+// (kernels/PERF.md, version 12; scripts/bench_gemm.cu times the two).
 //   pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias (OC, or NULL), accumulated in f32 on
 //   tensor cores and rounded to bf16 once; when post (N, OC) is not NULL, also post = GELU(pre
 //   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise
@@ -118,6 +118,18 @@ void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const vo
 void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, int tile,
                                 cudaStream_t stream);
+// The MLP's second layer on the same kernel, GELU applied to its input as the kernel loads it:
+// out (N, OC) = GELU(pre (N, IC)) weight (OC, IC)^T + bias (OC, or NULL), GELU(pre) rounded to
+// bf16 first, so out is bitwise linear_hopper_forward_cuda of gelu_forward_cuda(pre): the hidden
+// layer is never stored. Served where linear_hopper_supported(IC, OC); pointers as above.
+void linear_hopper_gelu_forward_cuda(void *out, const void *pre, const void *weight,
+                                     const void *bias, int64_t N, int IC, int OC,
+                                     cudaStream_t stream);
+// The same at a given tile width (96, 128, 192 or 256; 0: the one the above picks).
+void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *weight,
+                                     const void *bias, int64_t N, int IC, int OC, int tile,
+                                     cudaStream_t stream);
+
 // The MLP backward's first half on the same kernel (fc2's d(input) with the GELU pass in its
 // epilogue), bf16 only: from dout (N, OC), fc2's weight (OC, IC) as stored and pre (N, IC), fc1's
 // output before the GELU,

@@ -21,10 +21,14 @@
 //   gelu_recompute_backward_cuda against linear_hopper_dgelu_tile at each width and
 //   linear_hopper_dgelu_cuda (the pass in the product's epilogue), in us; the
 //   largest difference between the two dpre relative to its largest magnitude.
+// 4. The MLP forward on every MLP of Swin-T and Swin-B, the two routes of src/model/backend_cuda.cu
+//   (cuda_mlp_forward): fc1 with its GELU fused (the small-K kernel for C = 96, else the Hopper
+//   GEMM) + fc2 on cuBLASLt, against fc1 alone (small-K or cuBLASLt) + fc2 on
+//   linear_hopper_gelu_forward_cuda (the GELU in its operand load); and fc2 alone both ways.
 // Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
 //
 // Build: cmake --build build-gpu (target bench_gemm, CUDA builds only). Run: build-gpu/bench_gemm
-// [small_k] [hopper] [dgelu] (all when none is named).
+// [small_k] [hopper] [dgelu] [mlp] (all when none is named).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -354,6 +358,57 @@ void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
          sum[0] / sum[1]);
 }
 
+// Table 4 (see the top of the file).
+void mlp_table(GemmContext *g, cudaStream_t stream) {
+  if (!linear_hopper_supported(96, 384)) return;  // hopper_table said why
+  printf(
+      "\nMLP forward, us: fc1 + GELU fused, fc2 cuBLASLt | fc1 alone, fc2 with the GELU in its "
+      "operand load; fc2 alone: cuBLASLt (on the stored hidden layer) | ours\n");
+  printf("%-9s %6s %5s %5s | %8s %8s %6s | %8s %8s %6s\n", "mlp", "N", "C", "H", "fused1",
+         "gelu-in", "ratio", "fc2 cuBL", "fc2 ours", "ratio");
+  for (const Layer &l : forward_layers()) {
+    if (l.OC != 4 * l.IC) continue;
+    const int64_t N = l.N;
+    const int C = l.IC, H = l.OC;
+    __nv_bfloat16 *inp = random_bf16(N * C, 7, 1.0f, stream);
+    __nv_bfloat16 *w1 = random_bf16((int64_t)H * C, 8, 0.1f, stream);
+    __nv_bfloat16 *b1 = random_bf16(H, 9, 0.5f, stream);
+    __nv_bfloat16 *w2 = random_bf16((int64_t)C * H, 10, 0.05f, stream);
+    __nv_bfloat16 *b2 = random_bf16(C, 11, 0.5f, stream);
+    __nv_bfloat16 *pre = nullptr, *hidden = nullptr, *out = nullptr;
+    CUDA_CHECK(cudaMalloc(&pre, sizeof(__nv_bfloat16) * (size_t)(N * H)));
+    CUDA_CHECK(cudaMalloc(&hidden, sizeof(__nv_bfloat16) * (size_t)(N * H)));
+    CUDA_CHECK(cudaMalloc(&out, sizeof(__nv_bfloat16) * (size_t)(N * C)));
+    const bool small = C == 96;  // the model's stage-0 route (use_small_k)
+    auto fc1 = [&](bool gelu) {
+      if (small)
+        linear_small_k_forward_cuda(pre, gelu ? hidden : nullptr, inp, w1, b1, N, C, H, stream);
+      else if (gelu)
+        linear_hopper_forward_cuda(pre, hidden, inp, w1, b1, N, C, H, stream);
+      else
+        linear_forward_cuda(g, DTYPE_BF16, pre, inp, w1, b1, N, C, H);
+    };
+    const double fused = median_us(stream, [&] {
+      fc1(true);
+      linear_forward_cuda(g, DTYPE_BF16, out, hidden, w2, b2, N, H, C);
+    });
+    const double gelu_in = median_us(stream, [&] {
+      fc1(false);
+      linear_hopper_gelu_forward_cuda(out, pre, w2, b2, N, H, C, stream);
+    });
+    const double fc2_cublas = median_us(
+        stream, [&] { linear_forward_cuda(g, DTYPE_BF16, out, hidden, w2, b2, N, H, C); });
+    const double fc2_ours = median_us(
+        stream, [&] { linear_hopper_gelu_forward_cuda(out, pre, w2, b2, N, H, C, stream); });
+    char name[16];
+    snprintf(name, sizeof name, "%.2s mlp", l.name);
+    printf("%-9s %6lld %5d %5d | %8.1f %8.1f %6.3f | %8.1f %8.1f %6.3f\n", name, (long long)N, C, H,
+           fused, gelu_in, fused / gelu_in, fc2_cublas, fc2_ours, fc2_cublas / fc2_ours);
+    __nv_bfloat16 *bufs[] = {inp, w1, b1, w2, b2, pre, hidden, out};
+    for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -361,7 +416,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_gemm: no CUDA device\n");
     return 1;
   }
-  bool small_k = argc == 1, hopper = argc == 1, dgelu = argc == 1;
+  bool small_k = argc == 1, hopper = argc == 1, dgelu = argc == 1, mlp = argc == 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "small_k"))
       small_k = true;
@@ -369,8 +424,10 @@ int main(int argc, char **argv) {
       hopper = true;
     else if (!strcmp(argv[i], "dgelu"))
       dgelu = true;
+    else if (!strcmp(argv[i], "mlp"))
+      mlp = true;
     else {
-      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper, dgelu)\n", argv[i]);
+      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper, dgelu, mlp)\n", argv[i]);
       return 2;
     }
   }
@@ -381,6 +438,7 @@ int main(int argc, char **argv) {
   if (small_k) small_k_table(g, stream);
   if (hopper) hopper_table(g, tuned, stream);
   if (dgelu) dgelu_table(tuned, stream);
+  if (mlp) mlp_table(g, stream);
   gemm_context_destroy(tuned);
   gemm_context_destroy(g);
   CUDA_CHECK(cudaStreamDestroy(stream));

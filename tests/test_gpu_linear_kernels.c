@@ -20,6 +20,11 @@
 //   random values: the kernel adds) against the column sums of the downloaded dpre. Swin-T's
 //   four MLP shapes with N = 77 and 4099, a K that is not a multiple of 64 with a partial column
 //   tile, each tile width, dpre_sums NULL, and N = 50,000 (many tiles per CTA).
+// linear_hopper_gelu_forward_cuda, the MLP's second layer with the GELU applied to its input in
+//   shared memory: out bitwise linear_hopper_forward_tile (same width) of gelu_forward_cuda(pre),
+//   and against the CPU's linear_forward_cpu(gelu_forward_cpu(pre)); Swin-T's four fc2 shapes
+//   with N = 77 and 4099, a K that is not a multiple of 64 with a partial column tile, each tile
+//   width, and no bias.
 // Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
 #include "tests/util/test_gpu_util.h"
 
@@ -326,6 +331,69 @@ static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng 
   free(bound);
 }
 
+// One linear_hopper_gelu_forward_tile case (see the top of the file).
+static void check_gelu_input(int64_t N, int IC, int OC, int tile, bool with_bias, TestRng *rng) {
+  char ctx[160];
+  snprintf(ctx, sizeof ctx, "linear_hopper_gelu_forward N=%lld IC=%d OC=%d tile %d%s", (long long)N,
+           IC, OC, tile, with_bias ? "" : " (no bias)");
+  const int64_t nin = N * IC, nw = (int64_t)OC * IC, nout = N * OC;
+  const float wscale = 5.0f / sqrtf((float)IC);
+  float *pre = test_random_act(rng, DTYPE_BF16, nin, -4.0f, 4.0f);
+  float *w = test_random_act(rng, DTYPE_BF16, nw, -wscale, wscale);
+  float *b = test_random_act(rng, DTYPE_BF16, OC, -1.0f, 1.0f);
+  const float *bias = with_bias ? b : NULL;
+
+  // The CPU: y = GELU(pre) w^T + b, S = |GELU(pre)| |w|^T + |b|.
+  float *h = test_alloc_floats(nin), *y = test_alloc_floats(nout), *S = test_alloc_floats(nout);
+  gelu_forward_cpu(h, pre, nin);
+  linear_forward_cpu(y, h, w, bias, N, IC, OC);
+  float *aw = test_copy_floats(w, nw), *ab = test_copy_floats(b, OC);
+  for (int64_t i = 0; i < nin; i++) h[i] = fabsf(h[i]);
+  for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(aw[i]);
+  for (int i = 0; i < OC; i++) ab[i] = fabsf(ab[i]);
+  linear_forward_cpu(S, h, aw, with_bias ? ab : NULL, N, IC, OC);
+
+  void *d_pre = upload_bf16(pre, nin), *d_w = upload_bf16(w, nw), *d_b = upload_bf16(b, OC);
+  void *d_out = poisoned_bf16(nout), *d_hidden = poisoned_bf16(nin), *d_ref = poisoned_bf16(nout);
+  linear_hopper_gelu_forward_tile(d_out, d_pre, d_w, with_bias ? d_b : NULL, N, IC, OC, tile, 0);
+  CUDA_CHECK(cudaGetLastError());
+  // The two passes it replaces, at the same width: the same A values, the same mainloop.
+  gelu_forward_cuda(DTYPE_BF16, d_hidden, d_pre, nin, 0);
+  linear_hopper_forward_tile(d_ref, NULL, d_hidden, d_w, with_bias ? d_b : NULL, N, IC, OC, tile,
+                             0);
+  uint16_t *out = download_bits(d_out, nout), *ref = download_bits(d_ref, nout);
+  check_same_bits(ctx, "out vs the GELU pass + linear_hopper_forward_tile", out, ref, N, OC);
+
+  // The GPU's hidden layer is rounded to bf16 (each term within 2^-8 of the CPU's): 2^-8 S more
+  // than a plain product's bound.
+  double *bound = malloc_check(sizeof(double) * (size_t)nout);
+  for (int64_t i = 0; i < nout; i++) bound[i] = pre_bound(y[i], S[i], IC) + 0x1p-8 * S[i];
+  check_within(ctx, "out", out, y, bound, N, OC);
+
+  void *bufs[] = {d_pre, d_w, d_b, d_out, d_hidden, d_ref};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
+  float *hs[] = {pre, w, b, h, y, S, aw, ab};
+  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
+  free(out);
+  free(ref);
+  free(bound);
+}
+
+static void check_hopper_gelu_input(TestRng *rng) {
+  if (!linear_hopper_supported(96, 384)) return;  // check_hopper printed the SKIP
+  // Swin-T's fc2: IC = 4 C, OC = C.
+  static const SmallKShape fc2[] = {{384, 96}, {768, 192}, {1536, 384}, {3072, 768}};
+  static const int64_t rows[] = {77, 4099};
+  for (size_t s = 0; s < sizeof fc2 / sizeof fc2[0]; s++)
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+      check_gelu_input(rows[r], fc2[s].IC, fc2[s].OC, 0, true, rng);
+  check_gelu_input(4099, 136, 264, 0, true, rng);  // K = 136: a partial slab; 264 = 256 + 8
+  static const int widths[] = {96, 128, 192, 256};
+  for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++)
+    check_gelu_input(1000, 520, 136, widths[w], true, rng);
+  check_gelu_input(333, 384, 96, 0, false, rng);
+}
+
 static void check_hopper_dgelu(TestRng *rng) {
   if (!linear_hopper_supported(96, 384)) return;  // check_hopper printed the SKIP
   // Swin-T's MLPs: IC = hidden = 4 C, OC = C.
@@ -370,6 +438,7 @@ int main(void) {
              (SmallKMode){.bias = false, .post = true}, &rng);
   check_hopper(&rng);
   check_hopper_dgelu(&rng);
+  check_hopper_gelu_input(&rng);
 #endif
   return test_finish();
 }

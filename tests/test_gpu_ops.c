@@ -332,7 +332,8 @@ typedef struct {
   int64_t N;
   int IC, OC;
   bool bias, gelu;   // forward: a bias; GELU with the pre-activation kept
-  bool dinp, dbias;  // backward: dinp written (else NULL); dbias (gelu_linear_backward: dpre_bias)
+  bool dinp, dbias;  // backward: dinp written (else NULL), mlp_forward: out written (else NULL);
+                     // dbias (gelu_linear_backward: dpre_bias)
 } LinearCase;
 
 static void run_linear_forward(OpRun *r, const void *arg) {
@@ -348,6 +349,26 @@ static void run_linear_forward(OpRun *r, const void *arg) {
                              c->gelu ? ACTIVATION_GELU : ACTIVATION_NONE, pre);
   result_act(r, "out", out, nout);
   if (pre) result_act(r, "pre", pre, nout);
+}
+
+// An MLP: IC is C, OC the hidden width H; with c->dinp unset, out NULL (the pre-activation
+// alone, as a block's rebuild asks).
+static void run_mlp_forward(OpRun *r, const void *arg) {
+  const LinearCase *c = arg;
+  const int C = c->IC, H = c->OC;
+  const int64_t nin = c->N * C, nh = c->N * H, nw = (int64_t)H * C;
+  void *inp = dev_act(r, draw_act(r, nin, -1.0f, 1.0f), nin);  // (N, C, act)
+  // fc1's pre-activations of spread ~1.7 (GELU on both sides of 0), fc2's outputs of order 1.
+  const float ws1 = 3.0f / sqrtf((float)C), ws2 = 1.0f / sqrtf((float)H);
+  void *w1 = dev_act(r, draw_act(r, nw, -ws1, ws1), nw);                   // (H, C, act)
+  void *b1 = dev_act(r, draw_act(r, H, -0.5f, 0.5f), H);                   // (H, act)
+  void *w2 = dev_act(r, draw_act(r, nw, -ws2, ws2), nw);                   // (C, H, act)
+  void *b2 = dev_act(r, draw_act(r, C, -0.5f, 0.5f), C);                   // (C, act)
+  void *pre = dev_poisoned_act(r, nh), *hidden = dev_poisoned_act(r, nh);  // (N, H, act)
+  void *out = c->dinp ? dev_poisoned_act(r, nin) : NULL;                   // (N, C, act)
+  r->be->ops->mlp_forward(r->be, out, pre, hidden, inp, w1, b1, w2, b2, c->N, C, H);
+  result_act(r, "pre", pre, nh);
+  if (out) result_act(r, "out", out, nin);
 }
 
 static void run_linear_backward(OpRun *r, const void *arg) {
@@ -1178,6 +1199,18 @@ static const OpRow rows[] = {
      run_linear_forward,
      &(const LinearCase){.N = 64, .IC = 96, .OC = 128, .bias = true, .gelu = true},
      {{"pre", TC_ROUNDED}, {"out", TC_ROUNDED_TWICE}}},
+    // out: a product of GELU of the rounded pre-activation, rounded (bf16: on the Hopper GEMM
+    // with the GELU in its operand load, where the device is Hopper).
+    {"mlp_forward",
+     "N=64 32 -> 128 -> 32",
+     run_mlp_forward,
+     &(const LinearCase){.N = 64, .IC = 32, .OC = 128, .dinp = true},
+     {{"pre", TC_ROUNDED}, {"out", TC_ROUNDED_TWICE}}},
+    {"mlp_forward",
+     "out NULL: pre alone",
+     run_mlp_forward,
+     &(const LinearCase){.N = 64, .IC = 32, .OC = 128},
+     {{"pre", TC_ROUNDED}}},
     // dbias: fp32 column sums of the same dout on both.
     {"linear_backward",
      "dinp, dweight, dbias, N=64 32 -> 48",
@@ -1428,10 +1461,10 @@ static const OpRow rows[] = {
      &(const AttnCase){2, 8, 8, 4, 2, 64, 2, 1.0f},
      {{"dqkv", ROUNDED_TWICE}, {"dtable", FP32}, {"dqkv_bias", ROUNDED_TWICE}}},
     // Swin V2's cosine q, k: the same f32 arithmetic from the same values (the norms' sums in
-    // f32 on the GPU, in a shuffle tree over a pair's lanes, double on the CPU), q', k', v' stored once in dt; the backward's
-    // logit-scale sums of f32 values on both, its bias sums those of dqkv as stored on the GPU
-    // (its roundings, random signs). 200 rows: a ragged last block of pairs. The last head's
-    // logit scale is clamped: no gradient on both.
+    // f32 on the GPU, in a shuffle tree over a pair's lanes, double on the CPU), q', k', v' stored
+    // once in dt; the backward's logit-scale sums of f32 values on both, its bias sums those of
+    // dqkv as stored on the GPU (its roundings, random signs). 200 rows: a ragged last block of
+    // pairs. The last head's logit scale is clamped: no gradient on both.
     {"cosine_qk_forward",
      "q/v bias, 200 rows, 3 heads of 32",
      run_cosine_qk_forward,

@@ -54,6 +54,8 @@ using namespace swin_cuda;
 using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBK = 64;
+// What the kernel computes around the product (linear_hopper_kernel says what each means).
+enum Mode : int { kPlain, kBackwardGelu, kGeluInput };
 constexpr int kConsumers = 2;                     // warpgroups, 64 rows of the tile each
 constexpr int kThreads = (kConsumers + 1) * 128;  // the producer warpgroup first
 
@@ -230,15 +232,18 @@ struct Wgmma<256> {
 
 #endif  // SWIN_HOPPER_GEMM, and sm_90a or the host
 
-// The forward (DGELU false): pre (M, N) = A (M, K) B (N, K)^T + bias (N, or NULL); with post
-// not NULL also post = GELU(pre as stored in bf16), by the GELU forward's own device function
-// (bitwise gelu_forward_cuda of this pre).
-// The MLP backward (DGELU true; bias NULL): g = A B^T rounded to bf16 (d(hidden)), then from
+// kPlain, the forward: pre (M, N) = A (M, K) B (N, K)^T + bias (N, or NULL); with post not NULL
+// also post = GELU(pre as stored in bf16), by the GELU forward's own device function (bitwise
+// gelu_forward_cuda of this pre).
+// kGeluInput, the MLP's second layer: as kPlain with GELU(A) in place of A, each consumer
+// applying the GELU forward's device function to its rows of every A slab in shared memory
+// (rounded to bf16: bitwise the GELU pass's output) before its wgmma read them.
+// kBackwardGelu, the MLP backward (bias NULL): g = A B^T rounded to bf16 (d(hidden)), then from
 // x = gelu_in (M, N), the pre-activation: post = GELU(x) and pre = g GELU'(x) (d(pre)), both
 // as gelu_recompute_backward_cuda computes them; with partial not NULL, also this CTA's column
 // sums of pre as stored, one row of partial per consumer (the grid is then a multiple of the
 // column tiles, so a CTA keeps one column tile: blockIdx.x % tiles_n).
-template <int BN, bool DGELU>
+template <int BN, int MODE>
 __global__ void __launch_bounds__(kThreads, 1)
     linear_hopper_kernel(const __grid_constant__ CUtensorMap map_a,
                          const __grid_constant__ CUtensorMap map_b, bf16 *__restrict__ pre,
@@ -248,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(SWIN_HOPPER_GEMM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTile<BN>;
   constexpr int S = T::kStages;
+  constexpr bool DGELU = MODE == kBackwardGelu;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint64_t *full = (uint64_t *)(smem + S * T::kStageBytes + kConsumers * T::kOutBytes);
@@ -317,8 +323,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < slabs; k++, it++) {
       const int s = it % S;
       bar_wait(&full[s], (it / S) & 1);
-      const uint8_t *a = smem + s * T::kStageBytes + row_slab * 128;
+      uint8_t *a = smem + s * T::kStageBytes + row_slab * 128;
       const uint8_t *b = smem + s * T::kStageBytes + T::kABytes;
+      if constexpr (MODE == kGeluInput) {
+        // This consumer's 64 rows of the slab (8 KB, contiguous: the swizzle permutes within
+        // rows) through GELU in place; elementwise, so the swizzled order does not matter. The
+        // proxy fence makes the writes visible to wgmma's reads (the async proxy).
+        uint4 *rows = reinterpret_cast<uint4 *>(a);
+#pragma unroll
+        for (int i = 0; i < 64 * kBK / 8 / 128; i++) {
+          float x[8];
+          load_vec<bf16, 8>(x, reinterpret_cast<const bf16 *>(&rows[t + 128 * i]));
+#pragma unroll
+          for (int e = 0; e < 8; e++) x[e] = gelu_value<bf16>(x[e]);
+          store_vec<bf16, 8>(reinterpret_cast<bf16 *>(&rows[t + 128 * i]), x);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        warpgroup_sync(c);
+      }
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; kk++)
@@ -494,18 +516,18 @@ unsigned grid_size(const Product &p, int width, bool column_sums, int sms) {
   return (unsigned)(tiles < sms ? tiles : sms);
 }
 
-template <int BN, bool DGELU>
+template <int BN, int MODE>
 void launch(const Product &p, cudaStream_t stream) {
   static bool configured = false;  // cache: the shared-memory limit, raised once per kernel
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN, DGELU>,
+    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN, MODE>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     HopperTile<BN>::kSmemBytes));
     configured = true;
   }
   CUtensorMap a = tensor_map(p.inp, p.N, p.K, kBM), b = tensor_map(p.weight, p.OC, p.K, BN);
-  const unsigned grid = grid_size(p, BN, DGELU && p.partial, sm_count());
-  linear_hopper_kernel<BN, DGELU><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
+  const unsigned grid = grid_size(p, BN, MODE == kBackwardGelu && p.partial, sm_count());
+  linear_hopper_kernel<BN, MODE><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
       a, b, static_cast<bf16 *>(p.pre), static_cast<bf16 *>(p.post),
       static_cast<const bf16 *>(p.bias), static_cast<const bf16 *>(p.gelu_in), p.partial, (int)p.N,
       p.OC, p.K);
@@ -532,21 +554,22 @@ int default_tile(int64_t N, int OC, int sms, int max_width) {
   return best;
 }
 
-template <bool DGELU>
+template <int MODE>
 void launch_at_width(const Product &p, int width, const char *fn, cudaStream_t stream) {
+  constexpr bool wide = MODE != kBackwardGelu;  // see default_tile
   switch (width) {
     case 96:
-      return launch<96, DGELU>(p, stream);
+      return launch<96, MODE>(p, stream);
     case 128:
-      return launch<128, DGELU>(p, stream);
+      return launch<128, MODE>(p, stream);
     case 192:
-      if constexpr (!DGELU) return launch<192, false>(p, stream);
+      if constexpr (wide) return launch<192, MODE>(p, stream);
       break;
     case 256:
-      if constexpr (!DGELU) return launch<256, false>(p, stream);
+      if constexpr (wide) return launch<256, MODE>(p, stream);
       break;
   }
-  fprintf(stderr, "%s: no tile of width %d (96, 128%s)\n", fn, width, DGELU ? "" : ", 192, 256");
+  fprintf(stderr, "%s: no tile of width %d (96, 128%s)\n", fn, width, wide ? ", 192, 256" : "");
   abort();
 }
 
@@ -614,13 +637,29 @@ void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const vo
   const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, N, IC, OC};
   check_product("linear_hopper_forward_cuda", p);
   if (N <= 0) return;
-  launch_at_width<false>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
-                         "linear_hopper_forward_tile", stream);
+  launch_at_width<kPlain>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
+                          "linear_hopper_forward_tile", stream);
 }
 
 void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, cudaStream_t stream) {
   linear_hopper_forward_tile(pre, post, inp, weight, bias, N, IC, OC, 0, stream);
+}
+
+void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *weight,
+                                     const void *bias, int64_t N, int IC, int OC, int tile,
+                                     cudaStream_t stream) {
+  const Product p = {out, nullptr, pre, weight, bias, nullptr, nullptr, N, IC, OC};
+  check_product("linear_hopper_gelu_forward_cuda", p);
+  if (N <= 0) return;
+  launch_at_width<kGeluInput>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
+                              "linear_hopper_gelu_forward_tile", stream);
+}
+
+void linear_hopper_gelu_forward_cuda(void *out, const void *pre, const void *weight,
+                                     const void *bias, int64_t N, int IC, int OC,
+                                     cudaStream_t stream) {
+  linear_hopper_gelu_forward_tile(out, pre, weight, bias, N, IC, OC, 0, stream);
 }
 
 int64_t linear_hopper_dgelu_scratch(int64_t N, int IC, int OC) {
@@ -651,7 +690,7 @@ void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float 
                      stream>>>(wt, static_cast<const bf16 *>(weight), OC, IC);
   CUDA_CHECK_LAUNCH();
   const int width = tile ? tile : default_tile(N, IC, sm_count(), 128);
-  launch_at_width<true>(p, width, "linear_hopper_dgelu_tile", stream);
+  launch_at_width<kBackwardGelu>(p, width, "linear_hopper_dgelu_tile", stream);
   if (dpre_sums)
     column_partials_reduce_cuda(
         dpre_sums, partial,

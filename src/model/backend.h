@@ -184,6 +184,13 @@ typedef struct {
   // with GELU the pre-activation goes to pre (N, OC, act).
   void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
+  // An MLP's two layers: pre (N, H, act) = inp (N, C, act) w1^T (H, C, act) + b1 (H, act), out
+  // (N, C, act) = GELU(pre) w2^T (C, H, act) + b2 (C, act). hidden (N, H, act) is room for
+  // GELU(pre), which the op may or may not write. out NULL computes pre alone (a block's rebuild
+  // for the backward), with the same bits as with out.
+  void (*mlp_forward)(Backend *be, void *out, void *pre, void *hidden, const void *inp,
+                      const void *w1, const void *b1, const void *w2, const void *b2, int64_t N,
+                      int C, int H);
   // dinp (N, IC, act) = dout weight; dinp NULL skips. dweight (OC, IC, f32) and dbias (OC, f32,
   // or NULL) accumulated. The model passes dbias NULL wherever the op that wrote dout summed its
   // columns already (the *_bias outputs below): the GPU then runs the dweight product alone.

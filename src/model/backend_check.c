@@ -19,6 +19,7 @@
   X(images_normalize)            \
   X(batch_augment)               \
   X(linear_forward)              \
+  X(mlp_forward)                 \
   X(linear_backward)             \
   X(gelu_linear_backward)        \
   X(residual_layernorm_forward)  \
@@ -286,6 +287,24 @@ static void check_linear_forward(Backend *be, void *out, const void *inp, const 
   CHECK(bias, be->act, OC);
   if (act == ACTIVATION_GELU) CHECK(pre, be->act, N * OC);
   INNER->linear_forward(be, out, inp, weight, bias, N, IC, OC, act, pre);
+}
+
+// Without out, hidden, w2 and b2 are not touched.
+static void check_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const void *inp,
+                              const void *w1, const void *b1, const void *w2, const void *b2,
+                              int64_t N, int C, int H) {
+  Call c = call_begin(be, CHECK_OP_mlp_forward);
+  CHECK(pre, be->act, N * H);
+  CHECK(inp, be->act, N * C);
+  CHECK(w1, be->act, (int64_t)H * C);
+  CHECK(b1, be->act, H);
+  if (out) {
+    CHECK(out, be->act, N * C);
+    CHECK(hidden, be->act, N * H);
+    CHECK(w2, be->act, (int64_t)C * H);
+    CHECK(b2, be->act, C);
+  }
+  INNER->mlp_forward(be, out, pre, hidden, inp, w1, b1, w2, b2, N, C, H);
 }
 
 static void check_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,

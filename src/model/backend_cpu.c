@@ -192,6 +192,16 @@ static void cpu_linear_forward(Backend *be, void *out, const void *inp, const vo
   }
 }
 
+static void cpu_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const void *inp,
+                            const void *w1, const void *b1, const void *w2, const void *b2,
+                            int64_t N, int C, int H) {
+  (void)be;
+  linear_forward_cpu(pre, inp, w1, b1, N, C, H);
+  if (!out) return;
+  gelu_forward_cpu(hidden, pre, N * H);
+  linear_forward_cpu(out, hidden, w2, b2, N, H, C);
+}
+
 static void cpu_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight, int64_t N,
                                 int IC, int OC) {
@@ -462,6 +472,7 @@ static const BackendOps cpu_ops = {
     .images_normalize = cpu_images_normalize,
     .batch_augment = cpu_batch_augment,
     .linear_forward = cpu_linear_forward,
+    .mlp_forward = cpu_mlp_forward,
     .linear_backward = cpu_linear_backward,
     .gelu_linear_backward = cpu_gelu_linear_backward,
     .residual_layernorm_forward = cpu_residual_layernorm_forward,

@@ -515,6 +515,34 @@ void cuda_linear_forward(Backend *be, void *out, const void *inp, const void *we
   }
 }
 
+// bf16 MLPs whose layers the Hopper GEMM serves, of at most kGeluInputMaxC features, run fc2 on
+// it with the GELU applied to its input as it loads it: fc1 writes pre alone and the hidden layer
+// is never stored. Wider MLPs keep fc1 with its GELU fused and fc2 on cuBLASLt: there fc2 is
+// compute-bound and cuBLASLt's mainloop faster than ours by more than the stored layer costs
+// (kernels/PERF.md, version 20: the step measured with the limit at 0, 192, 384 and 768).
+constexpr int kGeluInputMaxC = 192;
+
+bool use_gelu_input(const Backend *be, int C, int H, const void *out, const void *pre,
+                    const void *w2) {
+  auto aligned = [](const void *p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
+  return be->act == DTYPE_BF16 && C <= kGeluInputMaxC && linear_hopper_supported(H, C) &&
+         aligned(out) && aligned(pre) && aligned(w2);
+}
+
+void cuda_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const void *inp,
+                      const void *w1, const void *b1, const void *w2, const void *b2, int64_t N,
+                      int C, int H) {
+  if (use_gelu_input(be, C, H, out, pre, w2)) {
+    cuda_linear_forward(be, pre, inp, w1, b1, N, C, H, ACTIVATION_NONE, nullptr);
+    if (!out) return;
+    OpScope scope(be, OP_GEMM);
+    linear_hopper_gelu_forward_cuda(out, pre, w2, b2, N, H, C, state_of(be)->compute);
+    return;
+  }
+  cuda_linear_forward(be, hidden, inp, w1, b1, N, C, H, ACTIVATION_GELU, pre);
+  if (out) cuda_linear_forward(be, out, hidden, w2, b2, N, H, C, ACTIVATION_NONE, nullptr);
+}
+
 void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
@@ -802,6 +830,7 @@ const BackendOps cuda_ops = {
     .images_normalize = cuda_images_normalize,
     .batch_augment = cuda_batch_augment,
     .linear_forward = cuda_linear_forward,
+    .mlp_forward = cuda_mlp_forward,
     .linear_backward = cuda_linear_backward,
     .gelu_linear_backward = cuda_gelu_linear_backward,
     .residual_layernorm_forward = cuda_residual_layernorm_forward,

@@ -739,9 +739,9 @@ static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
   }
 }
 
-// Block j from LN1's windows (in x->xw) to the MLP's hidden layer: the attention branch with its
-// residual + LN2, then fc1 + GELU (x->hidden, pre-activation in a->fc1).
-static void block_forward_to_hidden(Model *m, const StageGeom *g, int j, int B) {
+// Block j from LN1's windows (in x->xw) to the MLP's input: the attention branch with its
+// residual + LN2 (x->ln2).
+static void block_forward_to_mlp(Model *m, const StageGeom *g, int j, int B) {
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
   Activations *x = &m->acts;
@@ -762,19 +762,24 @@ static void block_forward_to_hidden(Model *m, const StageGeom *g, int j, int B) 
   ops->residual_layernorm_forward(be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
                                   m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b,
                                   NULL, B, L, C);
-  ops->linear_forward(be, x->hidden, x->ln2, model_compute_weight(m, w->fc1_w),
-                      model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
 }
 
-// The rest of block j after LN1: up to the hidden layer, then fc2, whose output waits in
+// Block j's MLP from LN2's output: fc1's pre-activation in a->fc1 and, with out, fc2's output
+// (without, the pre-activation alone: the backward's rebuild).
+static void block_mlp_forward(Model *m, const StageGeom *g, int j, int B, void *out) {
+  int gi = g->first_block + j;
+  const BlockWeights *w = &m->w.blocks[gi];
+  m->be->ops->mlp_forward(m->be, out, m->acts.blocks[gi].fc1, m->acts.hidden, m->acts.ln2,
+                          model_compute_weight(m, w->fc1_w), model_compute_weight(m, w->fc1_b),
+                          model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b),
+                          (int64_t)B * g->H * g->W, g->C, g->hidden);
+}
+
+// The rest of block j after LN1: the attention branch, then the MLP, whose output waits in
 // x->branch for the next residual.
 static void block_forward(Model *m, const StageGeom *g, int j, int B) {
-  const BlockWeights *w = &m->w.blocks[g->first_block + j];
-  int64_t BL = (int64_t)B * g->H * g->W;
-  block_forward_to_hidden(m, g, j, B);
-  m->be->ops->linear_forward(m->be, m->acts.branch, m->acts.hidden,
-                             model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b),
-                             BL, g->hidden, g->C, ACTIVATION_NONE, NULL);
+  block_forward_to_mlp(m, g, j, B);
+  block_mlp_forward(m, g, j, B, m->acts.branch);
 }
 
 // A V2 block (res-post-norm) from its windows a->xw and the residual stream (x->stream, in token
@@ -806,10 +811,9 @@ static void block_forward_v2(Model *m, const StageGeom *g, int j, int B, void *o
                       model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
   ops->postnorm_residual_forward(be, a->x1, NULL, a->ln1_mean, a->ln1_rstd, x->stream, a->proj, &wm,
                                  dp ? a->dp_attn : NULL, w->norm1_w, w->norm1_b, NULL, B, L, C);
-  ops->linear_forward(be, x->hidden, a->x1, model_compute_weight(m, w->fc1_w),
-                      model_compute_weight(m, w->fc1_b), BL, C, g->hidden, ACTIVATION_GELU, a->fc1);
-  ops->linear_forward(be, a->fc2, x->hidden, model_compute_weight(m, w->fc2_w),
-                      model_compute_weight(m, w->fc2_b), BL, g->hidden, C, ACTIVATION_NONE, NULL);
+  ops->mlp_forward(be, a->fc2, a->fc1, x->hidden, a->x1, model_compute_weight(m, w->fc1_w),
+                   model_compute_weight(m, w->fc1_b), model_compute_weight(m, w->fc2_w),
+                   model_compute_weight(m, w->fc2_b), BL, C, g->hidden);
   ops->postnorm_residual_forward(be, out, next_xw, a->ln2_mean, a->ln2_rstd, a->x1, a->fc2, NULL,
                                  dp ? a->dp_mlp : NULL, w->norm2_w, w->norm2_b,
                                  next_xw ? &next : NULL, B, L, C);
@@ -964,10 +968,11 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
 
 // A recomputed block's forward again (train.recompute), right before its backward: LN1 of its
 // kept input x (which the forward stored before normalizing the stored value, so LN1 alone
-// gives the windows and statistics the fused residual + LN1 gave), then up to the hidden layer,
-// into the shared set its views point to and the shared buffers, with the drop-path scales the
-// forward drew. The same ops on the same inputs: the same bits. fc2's output is not needed by
-// the backward (its input is) and is not rebuilt.
+// gives the windows and statistics the fused residual + LN1 gave), then up to fc1's
+// pre-activation, into the shared set its views point to and the shared buffers, with the
+// drop-path scales the forward drew. The same ops on the same inputs: the same bits. fc2's
+// output is not needed by the backward (its input is rebuilt there from fc1's) and is not
+// rebuilt.
 static void block_recompute(Model *m, const StageGeom *g, int j, int B) {
   NVTX_PUSH("recompute");
   int gi = g->first_block + j;
@@ -977,7 +982,8 @@ static void block_recompute(Model *m, const StageGeom *g, int j, int B) {
   m->be->ops->residual_layernorm_forward(m->be, NULL, m->acts.xw, a->ln1_mean, a->ln1_rstd, a->x,
                                          NULL, NULL, NULL, w->norm1_w, w->norm1_b, &wm, B,
                                          (int64_t)g->H * g->W, g->C);
-  block_forward_to_hidden(m, g, j, B);
+  block_forward_to_mlp(m, g, j, B);
+  block_mlp_forward(m, g, j, B, NULL);
   NVTX_POP();
 }
 
