@@ -40,11 +40,14 @@
 
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
+#include "scripts/bench_common.cuh"
 #include "src/base/cuda_util.h"
 
 namespace {
 
-constexpr int kWarmups = 3, kRepeats = 20;
+using bench::kRepeats;
+using bench::median_us;
+using bench::tb_per_s;
 
 struct Shape {
   const char *name;
@@ -80,40 +83,9 @@ __nv_bfloat16 *random_bf16(int64_t n, uint32_t seed, float scale, cudaStream_t s
   return d;
 }
 
-// Median microseconds of run() on stream.
-template <typename F>
-double median_us(cudaStream_t stream, F run) {
-  for (int i = 0; i < kWarmups; i++) run();
-  cudaEvent_t start[kRepeats], stop[kRepeats];
-  for (int i = 0; i < kRepeats; i++) {
-    CUDA_CHECK(cudaEventCreate(&start[i]));
-    CUDA_CHECK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < kRepeats; i++) {
-    CUDA_CHECK(cudaEventRecord(start[i], stream));
-    run();
-    CUDA_CHECK(cudaEventRecord(stop[i], stream));
-  }
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  double us[kRepeats];
-  for (int i = 0; i < kRepeats; i++) {
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1e3 * ms;
-    CUDA_CHECK(cudaEventDestroy(start[i]));
-    CUDA_CHECK(cudaEventDestroy(stop[i]));
-  }
-  std::sort(us, us + kRepeats);
-  return 0.5 * (us[kRepeats / 2 - 1] + us[kRepeats / 2]);
-}
-
 // The bytes a layer must move: inp, pre, and post when it is written.
 double layer_bytes(const Shape &s, bool post) {
   return 2.0 * (double)s.N * s.IC + 2.0 * (double)s.N * s.OC * (post ? 2 : 1);
-}
-
-double tb_per_s(double bytes, double us) {
-  return bytes / (us * 1e-6) / 1e12;
 }
 
 // Table 1 (see the top of the file).
