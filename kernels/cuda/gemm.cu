@@ -173,12 +173,8 @@ __global__ void __launch_bounds__(kWarp *kReduceRows)
   __shared__ double sums[kReduceRows][kWarp];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t col = (int64_t)blockIdx.x * kWarp + tx;
-  double s = 0.0;
-  if (col < cols) {
-#pragma unroll 4
-    for (int64_t p = ty; p < parts; p += kReduceRows) s += partial[p * cols + col];
-  }
-  sums[ty][tx] = s;
+  sums[ty][tx] =
+      col < cols ? ordered_strided_sum(partial + col, ty, parts, kReduceRows, cols) : 0.0;
   __syncthreads();
   if (ty == 0 && col < cols) {
     double total = 0.0;

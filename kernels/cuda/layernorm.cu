@@ -69,12 +69,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   float *out = part == 0 ? outs.out[0] : part == 1 ? outs.out[1] : outs.out[2];
   const bool live = col < (int64_t)end * C && out != nullptr;
   const int64_t width = (int64_t)parts * C;
-  double s = 0.0;
-  if (live) {
-#pragma unroll 4
-    for (int64_t p = ty; p < blocks; p += kReduceRows) s += partial[p * width + col];
-  }
-  rows[ty][tx] = s;
+  rows[ty][tx] = live ? ordered_strided_sum(partial + col, ty, blocks, kReduceRows, width) : 0.0;
   __syncthreads();
   if (ty == 0 && live) {
     double total = 0.0;

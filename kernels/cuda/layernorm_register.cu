@@ -20,8 +20,17 @@ namespace {
 // residual's in shared memory (see residual_layernorm_backward_reg_kernel), the merge's in
 // registers; the row slots of a block are combined in a fixed order at the end.
 
+// Resident 256-thread blocks per SM of the register forward, which its launch bound holds the
+// registers to: 5 (48 registers: Swin's rows, 3 or 4 vectors a lane, take 46-48 held raw without
+// spilling; held as floats they took 50-64, 4 blocks), none for the wider rows of 8 and 16 vectors.
+constexpr int reg_forward_blocks_per_sm(int maxv) {
+  return maxv <= 4 ? 5 : 1;
+}
+
+// The row stays in registers as it reads back from x_out (16 raw bytes a vector: half the
+// registers of floats in bf16 / f16), unpacked for the statistics and again for the output.
 template <typename T, int VEC, int MAXV, int LANES>
-__global__ void __launch_bounds__(kForwardThreads)
+__global__ void __launch_bounds__(kForwardThreads, reg_forward_blocks_per_sm(MAXV))
     residual_layernorm_forward_reg_kernel(T *x_out, T *__restrict__ ln_out,
                                           float *__restrict__ mean, float *__restrict__ rstd,
                                           const T *x_in, const T *__restrict__ branch, RowMap bmap,
@@ -35,7 +44,7 @@ __global__ void __launch_bounds__(kForwardThreads)
       ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp + lane / LANES;
   const bool active = t < N;  // inactive rows still take part in the shuffles
   const int64_t row = active ? t : 0;
-  float v[MAXV][VEC];
+  int4 raw[MAXV];
   const T *xi = x_in + row * C;
   const T *br = branch ? branch + mapped_row(bmap, row, L) * C : nullptr;
   const float s = branch && scale ? scale[image_of(bmap, row, L)] : 1.0f;
@@ -43,30 +52,33 @@ __global__ void __launch_bounds__(kForwardThreads)
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
     if (c < C) {
-      load_vec<T, VEC>(v[k], xi + c);
+      raw[k] = *reinterpret_cast<const int4 *>(xi + c);
       if (br) {
-        float bv[VEC];
+        float v[VEC], bv[VEC];
+        unpack_vec<T, VEC>(v, raw[k]);
         load_vec<T, VEC>(bv, br + c);
 #pragma unroll
-        for (int e = 0; e < VEC; e++) v[k][e] = round_to<T>(v[k][e] + s * bv[e]);
-        if (active) store_vec<T, VEC>(x_out + row * C + c, v[k]);
+        for (int e = 0; e < VEC; e++) v[e] = round_to<T>(v[e] + s * bv[e]);
+        raw[k] = pack_vec<T, VEC>(v);
+        if (active) *reinterpret_cast<int4 *>(x_out + row * C + c) = raw[k];
       }
     }
   }
   if (!ln_out) return;
   float m, r;
-  row_stats<VEC, MAXV, LANES>(v, C, sl, &m, &r);
+  row_stats_raw<T, VEC, MAXV, LANES>(raw, C, sl, &m, &r);
   if (!active) return;
   T *y = ln_out + mapped_row(lmap, row, L) * C;
 #pragma unroll
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
     if (c >= C) continue;
-    float yv[VEC], wv[VEC], bv[VEC];
+    float v[VEC], yv[VEC], wv[VEC], bv[VEC];
+    unpack_vec<T, VEC>(v, raw[k]);
     load_vec<float, VEC>(wv, weight + c);
     load_vec<float, VEC>(bv, bias + c);
 #pragma unroll
-    for (int e = 0; e < VEC; e++) yv[e] = (v[k][e] - m) * r * wv[e] + bv[e];
+    for (int e = 0; e < VEC; e++) yv[e] = (v[e] - m) * r * wv[e] + bv[e];
     store_vec<T, VEC>(y + c, yv);
   }
   if (sl == 0) {
@@ -104,9 +116,9 @@ __device__ void store_slot_partials(float *partial, float *acc_all, const float 
 }
 
 // Resident 256-thread blocks per SM of the register backward's shapes, which its launch bounds
-// hold the registers to (bf16, ptxas: MAXV 1 52-63 registers, 2: 80, 4: 124).
+// hold the registers to (ptxas, bf16 / f16 / f32: MAXV 1 64 registers, 2: 61-64, 4: 76-80).
 constexpr int reg_backward_blocks_per_sm(int maxv) {
-  return maxv == 1 ? 4 : maxv == 2 ? 3 : maxv == 4 ? 2 : 1;
+  return maxv == 1 ? 4 : maxv == 2 ? 4 : maxv == 4 ? 3 : 1;
 }
 // The register backward's shared memory budget per block (opted in above 48 KiB): 8 warps'
 // running sums up to C = 1024 with one row per warp.
@@ -142,11 +154,6 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
     const int64_t t = base + slot;
     const bool active = t < rs.end;  // inactive slots still take part in the shuffles
     const int64_t row = active ? t : rs.begin;
-    float g[MAXV][VEC];
-#pragma unroll
-    for (int k = 0; k < MAXV; k++)
-#pragma unroll
-      for (int e = 0; e < VEC; e++) g[k][e] = 0.0f;
     float rv[EARLY_RES ? MAXV : 1][VEC];
     if constexpr (EARLY_RES) {
       if (dres_in)
@@ -156,37 +163,54 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
           if (c < C) load_vec<float, VEC>(rv[k], dres_in + row * C + c);
         }
     }
+    // The row's x and dy stay in registers as loaded (16 bytes a vector: half the registers of
+    // floats in bf16 / f16), and x-hat and gy = dy * weight are formed from them in each of the
+    // two passes below, the same operations both times (weight re-read from L1). With one vector
+    // a lane (KEEP, registers to spare) the first pass's x-hat and gy are kept instead: the
+    // second pass's arithmetic cost stages 0 and 1 3% of their time (kernels/PERF.md, 21).
+    constexpr bool KEEP = MAXV == 1;
+    int4 x_raw[MAXV], dy_raw[MAXV];
+    float xh_kept[KEEP ? MAXV : 1][VEC], gy_kept[KEEP ? MAXV : 1][VEC];
+    float m = 0.0f, r = 0.0f, mean_g = 0.0f, mean_gx = 0.0f;
     if (dln) {
-      const float m = mean[row], r = rstd[row];
+      m = mean[row];
+      r = rstd[row];
       const T *xr = x + row * C;
       const T *dy = dln + mapped_row(lmap, row, L) * C;
-      float xh[MAXV][VEC], gy[MAXV][VEC], sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
       for (int k = 0; k < MAXV; k++) {
         int c = (k * LANES + sl) * VEC;
         if (c >= C) continue;
-        float dyv[VEC], wv[VEC];
-        load_vec<T, VEC>(xh[k], xr + c);
-        load_vec<T, VEC>(dyv, dy + c);
+        x_raw[k] = *reinterpret_cast<const int4 *>(xr + c);
+        dy_raw[k] = *reinterpret_cast<const int4 *>(dy + c);
+      }
+      float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+      for (int k = 0; k < MAXV; k++) {
+        int c = (k * LANES + sl) * VEC;
+        if (c >= C) continue;
+        float xh[VEC], dyv[VEC], wv[VEC];
+        unpack_vec<T, VEC>(xh, x_raw[k]);
+        unpack_vec<T, VEC>(dyv, dy_raw[k]);
         load_vec<float, VEC>(wv, weight + c);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
-          xh[k][e] = (xh[k][e] - m) * r;
-          gy[k][e] = dyv[e] * wv[e];
-          sum_g += gy[k][e];
-          sum_gx += gy[k][e] * xh[k][e];
+          xh[e] = (xh[e] - m) * r;
+          const float gy = __fmul_rn(dyv[e], wv[e]);
+          sum_g += gy;
+          sum_gx += gy * xh[e];
+          if constexpr (KEEP) {
+            xh_kept[k][e] = xh[e];
+            gy_kept[k][e] = gy;
+          }
         }
         if (active) {
-          shared_fma<VEC>(acc + c, dyv, xh[k]);
+          shared_fma<VEC>(acc + c, dyv, xh);
           shared_fma<VEC>(acc + C + c, dyv, nullptr);
         }
       }
-      const float mean_g = group_sum<LANES>(sum_g) / C, mean_gx = group_sum<LANES>(sum_gx) / C;
-#pragma unroll
-      for (int k = 0; k < MAXV; k++)
-        if ((k * LANES + sl) * VEC < C)
-#pragma unroll
-          for (int e = 0; e < VEC; e++) g[k][e] = r * (gy[k][e] - mean_g - xh[k][e] * mean_gx);
+      mean_g = group_sum<LANES>(sum_g) / C;
+      mean_gx = group_sum<LANES>(sum_gx) / C;
     }
     if (!active) continue;
     const float s = scale ? scale[image_of(bmap, row, L)] : 1.0f;
@@ -195,17 +219,36 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
     for (int k = 0; k < MAXV; k++) {
       int c = (k * LANES + sl) * VEC;
       if (c >= C) continue;
+      float g[VEC];
+      if (dln && KEEP) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          g[e] = r * (gy_kept[KEEP ? k : 0][e] - mean_g - xh_kept[KEEP ? k : 0][e] * mean_gx);
+      } else if (dln) {
+        float xv[VEC], dyv[VEC], wv[VEC];
+        unpack_vec<T, VEC>(xv, x_raw[k]);
+        unpack_vec<T, VEC>(dyv, dy_raw[k]);
+        load_vec<float, VEC>(wv, weight + c);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          const float xh = (xv[e] - m) * r;
+          g[e] = r * (__fmul_rn(dyv[e], wv[e]) - mean_g - xh * mean_gx);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) g[e] = 0.0f;
+      }
       if (dres_in) {
         if constexpr (!EARLY_RES) load_vec<float, VEC>(rv[0], dres_in + row * C + c);
         const float(&res)[VEC] = rv[EARLY_RES ? k : 0];
 #pragma unroll
-        for (int e = 0; e < VEC; e++) g[k][e] += res[e];
+        for (int e = 0; e < VEC; e++) g[e] += res[e];
       }
-      if (dres_out) store_vec<float, VEC>(dres_out + row * C + c, g[k]);
+      if (dres_out) store_vec<float, VEC>(dres_out + row * C + c, g);
       if (dbr) {
         float out[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; e++) out[e] = s * g[k][e];
+        for (int e = 0; e < VEC; e++) out[e] = s * g[e];
         store_vec<T, VEC>(dbr + c, out);
         if (sum_branch) {
 #pragma unroll
@@ -217,8 +260,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
   }
   // The block's partial (kResidualParts, C): the slots' sums added in slot order.
   if (sums)
-    store_slot_sums(partial + (int64_t)blockIdx.x * kResidualParts * C, acc_all,
-                    kResidualParts * C, slots);
+    store_slot_sums(partial + (int64_t)blockIdx.x * kResidualParts * C, acc_all, kResidualParts * C,
+                    slots);
 }
 
 // ---- patch merging + LayerNorm, register-resident -----------------------------------------

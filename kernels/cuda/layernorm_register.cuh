@@ -97,6 +97,46 @@ __device__ __forceinline__ void unpack_vec(float (&v)[VEC], const int4 &raw) {
   for (int i = 0; i < VEC; i++) v[i] = to_float<T>(e[i]);
 }
 
+// The 16 raw bytes of VEC values already representable in T (rounded to T before), the inverse
+// of unpack_vec.
+template <typename T, int VEC>
+__device__ __forceinline__ int4 pack_vec(const float (&v)[VEC]) {
+  static_assert(VEC * sizeof(T) == 16, "one 16-byte vector");
+  int4 raw;
+  T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+  for (int i = 0; i < VEC; i++) e[i] = from_float<T>(v[i]);
+  return raw;
+}
+
+// row_stats of a row held as loaded (lane sl's vectors raw, see unpack_vec): the same sums in the
+// same order, the vectors unpacked in each of the two passes.
+template <typename T, int VEC, int MAXV, int LANES>
+__device__ __forceinline__ void row_stats_raw(const int4 (&raw)[MAXV], int C, int sl, float *mean,
+                                              float *rstd) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C) {
+      float v[VEC];
+      unpack_vec<T, VEC>(v, raw[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) sum += v[e];
+    }
+  const float m = group_sum<LANES>(sum) / C;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C) {
+      float v[VEC];
+      unpack_vec<T, VEC>(v, raw[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) sq += (v[e] - m) * (v[e] - m);
+    }
+  *mean = m;
+  *rstd = 1.0f / sqrtf(group_sum<LANES>(sq) / C + LAYERNORM_EPS);
+}
+
 // The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
 // lane; lanes == 0 when a row does not fit (the multi-pass kernels then serve it).
 struct RegShape {
