@@ -133,6 +133,24 @@ constexpr int kRegBackwardSharedBytes = 96 * 1024;
 // With EARLY_RES the residual gradient is loaded with x and dy, before the row's reductions,
 // so a row costs one memory round trip instead of two, for MAXV * VEC more registers: taken
 // where they fit in the launch bound (MAXV 1).
+// x-hat = (x - mean) rstd and gy = dy * weight of one vector of a backward row held as loaded
+// (dy unpacked into dyv too): the one place both passes form them, so that the second pass's
+// values are the first's.
+template <typename T, int VEC>
+__device__ __forceinline__ void backward_terms(float (&xh)[VEC], float (&gy)[VEC],
+                                               float (&dyv)[VEC], int4 x_raw, int4 dy_raw,
+                                               const float *__restrict__ weight, float m, float r) {
+  float wv[VEC];
+  unpack_vec<T, VEC>(xh, x_raw);
+  unpack_vec<T, VEC>(dyv, dy_raw);
+  load_vec<float, VEC>(wv, weight);
+#pragma unroll
+  for (int e = 0; e < VEC; e++) {
+    xh[e] = (xh[e] - m) * r;
+    gy[e] = __fmul_rn(dyv[e], wv[e]);
+  }
+}
+
 template <typename T, int VEC, int MAXV, int LANES, bool EARLY_RES>
 __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_sm(MAXV))
     residual_layernorm_backward_reg_kernel(
@@ -189,19 +207,15 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
       for (int k = 0; k < MAXV; k++) {
         int c = (k * LANES + sl) * VEC;
         if (c >= C) continue;
-        float xh[VEC], dyv[VEC], wv[VEC];
-        unpack_vec<T, VEC>(xh, x_raw[k]);
-        unpack_vec<T, VEC>(dyv, dy_raw[k]);
-        load_vec<float, VEC>(wv, weight + c);
+        float xh[VEC], gy[VEC], dyv[VEC];
+        backward_terms<T, VEC>(xh, gy, dyv, x_raw[k], dy_raw[k], weight + c, m, r);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
-          xh[e] = (xh[e] - m) * r;
-          const float gy = __fmul_rn(dyv[e], wv[e]);
-          sum_g += gy;
-          sum_gx += gy * xh[e];
+          sum_g += gy[e];
+          sum_gx += gy[e] * xh[e];
           if constexpr (KEEP) {
             xh_kept[k][e] = xh[e];
-            gy_kept[k][e] = gy;
+            gy_kept[k][e] = gy[e];
           }
         }
         if (active) {
@@ -225,15 +239,10 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_s
         for (int e = 0; e < VEC; e++)
           g[e] = r * (gy_kept[KEEP ? k : 0][e] - mean_g - xh_kept[KEEP ? k : 0][e] * mean_gx);
       } else if (dln) {
-        float xv[VEC], dyv[VEC], wv[VEC];
-        unpack_vec<T, VEC>(xv, x_raw[k]);
-        unpack_vec<T, VEC>(dyv, dy_raw[k]);
-        load_vec<float, VEC>(wv, weight + c);
+        float xh[VEC], gy[VEC], dyv[VEC];
+        backward_terms<T, VEC>(xh, gy, dyv, x_raw[k], dy_raw[k], weight + c, m, r);
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-          const float xh = (xv[e] - m) * r;
-          g[e] = r * (__fmul_rn(dyv[e], wv[e]) - mean_g - xh * mean_gx);
-        }
+        for (int e = 0; e < VEC; e++) g[e] = r * (gy[e] - mean_g - xh[e] * mean_gx);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++) g[e] = 0.0f;

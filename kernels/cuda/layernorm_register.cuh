@@ -109,30 +109,34 @@ __device__ __forceinline__ int4 pack_vec(const float (&v)[VEC]) {
   return raw;
 }
 
-// row_stats of a row held as loaded (lane sl's vectors raw, see unpack_vec): the same sums in the
-// same order, the vectors unpacked in each of the two passes.
+// f(v) for each of lane sl's vectors of a row held as loaded (raw, see unpack_vec), unpacked.
+template <typename T, int VEC, int MAXV, int LANES, typename F>
+__device__ __forceinline__ void for_each_unpacked(const int4 (&raw)[MAXV], int C, int sl, F f) {
+#pragma unroll
+  for (int k = 0; k < MAXV; k++)
+    if ((k * LANES + sl) * VEC < C) {
+      float v[VEC];
+      unpack_vec<T, VEC>(v, raw[k]);
+      f(v);
+    }
+}
+
+// row_stats of a row held as loaded: the same sums in the same order, the vectors unpacked in
+// each of the two passes.
 template <typename T, int VEC, int MAXV, int LANES>
 __device__ __forceinline__ void row_stats_raw(const int4 (&raw)[MAXV], int C, int sl, float *mean,
                                               float *rstd) {
   float sum = 0.0f;
+  for_each_unpacked<T, VEC, MAXV, LANES>(raw, C, sl, [&](const float(&v)[VEC]) {
 #pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C) {
-      float v[VEC];
-      unpack_vec<T, VEC>(v, raw[k]);
-#pragma unroll
-      for (int e = 0; e < VEC; e++) sum += v[e];
-    }
+    for (int e = 0; e < VEC; e++) sum += v[e];
+  });
   const float m = group_sum<LANES>(sum) / C;
   float sq = 0.0f;
+  for_each_unpacked<T, VEC, MAXV, LANES>(raw, C, sl, [&](const float(&v)[VEC]) {
 #pragma unroll
-  for (int k = 0; k < MAXV; k++)
-    if ((k * LANES + sl) * VEC < C) {
-      float v[VEC];
-      unpack_vec<T, VEC>(v, raw[k]);
-#pragma unroll
-      for (int e = 0; e < VEC; e++) sq += (v[e] - m) * (v[e] - m);
-    }
+    for (int e = 0; e < VEC; e++) sq += (v[e] - m) * (v[e] - m);
+  });
   *mean = m;
   *rstd = 1.0f / sqrtf(group_sum<LANES>(sq) / C + LAYERNORM_EPS);
 }
