@@ -124,15 +124,6 @@ constexpr int reg_backward_blocks_per_sm(int maxv) {
 // running sums up to C = 1024 with one row per warp.
 constexpr int kRegBackwardSharedBytes = 96 * 1024;
 
-// Each row slot (LANES lanes) keeps its running dweight, dbias and dbranch sums in shared
-// memory (kResidualParts x C floats per slot, each lane the columns it loads) rather than in
-// registers: three sums per element held across the rows would take 3 * MAXV * VEC registers
-// (48 of ~120 for rows of 2 vectors per lane), and the registers, not the bytes, bounded the
-// resident warps of this latency-bound loop. The sums are the same operations in the same order
-// (per slot in row order, then over the slots in slot order), so the results did not change.
-// With EARLY_RES the residual gradient is loaded with x and dy, before the row's reductions,
-// so a row costs one memory round trip instead of two, for MAXV * VEC more registers: taken
-// where they fit in the launch bound (MAXV 1).
 // x-hat = (x - mean) rstd and gy = dy * weight of one vector of a backward row held as loaded
 // (dy unpacked into dyv too): the one place both passes form them, so that the second pass's
 // values are the first's.
@@ -151,6 +142,15 @@ __device__ __forceinline__ void backward_terms(float (&xh)[VEC], float (&gy)[VEC
   }
 }
 
+// Each row slot (LANES lanes) keeps its running dweight, dbias and dbranch sums in shared
+// memory (kResidualParts x C floats per slot, each lane the columns it loads) rather than in
+// registers: three sums per element held across the rows would take 3 * MAXV * VEC registers
+// (48 for rows of 2 vectors a lane, which take 61-64 in all), and the registers, not the bytes,
+// bound the resident warps of this latency-bound loop. The sums are the same operations in the same
+// order (per slot in row order, then over the slots in slot order), so the results did not change.
+// With EARLY_RES the residual gradient is loaded with x and dy, before the row's reductions,
+// so a row costs one memory round trip instead of two, for MAXV * VEC more registers: taken
+// where they fit in the launch bound (MAXV 1).
 template <typename T, int VEC, int MAXV, int LANES, bool EARLY_RES>
 __global__ void __launch_bounds__(kBackwardMaxThreads, reg_backward_blocks_per_sm(MAXV))
     residual_layernorm_backward_reg_kernel(
