@@ -151,6 +151,20 @@ void linear_hopper_dgelu_cuda(void *dpre, void *hidden, float *dpre_sums, float 
 void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float *scratch,
                               const void *dout, const void *weight, const void *pre, int64_t N,
                               int IC, int OC, int tile, cudaStream_t stream);
+// The same with fc2's weight gradient in the kernel instead of hidden (kernels/PERF.md, version
+// 22): dpre and dpre_sums as above, dweight (OC, IC, f32) += dout^T GELU(pre), where GELU(pre)
+// is the bf16 hidden above, kept in shared memory and never stored. Each CTA sums its tiles' rows
+// in f32 on the tensor cores; the CTAs' sums are added in a fixed order in double (bits the same
+// run after run on one device). Served where linear_hopper_dgelu_dweight_supported(IC, OC): the
+// Hopper GEMM serves (OC, IC) and OC <= 192 (the tile's slabs of dout stay in shared memory).
+// Scratch: linear_hopper_dgelu_dweight_scratch(N, IC, OC) floats, 16-byte aligned;
+// linear_hopper_dgelu_dweight_scratch_bound(w) covers every IC, OC <= w.
+bool linear_hopper_dgelu_dweight_supported(int IC, int OC);
+int64_t linear_hopper_dgelu_dweight_scratch(int64_t N, int IC, int OC);
+int64_t linear_hopper_dgelu_dweight_scratch_bound(int max_width);
+void linear_hopper_dgelu_dweight_cuda(void *dpre, float *dweight, float *dpre_sums, float *scratch,
+                                      const void *dout, const void *weight, const void *pre,
+                                      int64_t N, int IC, int OC, cudaStream_t stream);
 
 // Bias gradients as deterministic column sums (no atomics): out (cols, f32) += the column sums of
 // x (rows, cols, dt), in two passes. The first leaves one row of partial sums per chunk of rows

@@ -3,9 +3,10 @@
 //   1. Violations abort with a message that names the op, the argument and the tensor: an extent
 //      past the end of an activation, a parameter gradient smaller than the op's shape, a dtype
 //      mismatch, a pointer into the alignment gap of the flat weights, V2's post-norm branch and
-//      merge gradient shorter than their shapes, two registrations that overlap. Each runs in a
-//      child process; the same call with the right arguments runs to its end there (the negative
-//      control: the check is what aborts).
+//      merge gradient shorter than their shapes, an MLP's hidden NULL where the backend stores
+//      GELU(pre), two registrations that overlap. Each runs in a child process; the same call
+//      with the right arguments runs to its end there (the negative control: the check is what
+//      aborts).
 //   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias, layer decay, a moving
 //      average of the weights) trains two steps the way the trainer queues them (normalize,
 //      mixup, forward, loss, backward, optimizer, average) and evaluates the weights and the
@@ -163,6 +164,16 @@ static void linear_forward_bias_in_gap(Model *m) {
                              rows, m->patch_dim, c->embed_dim, ACTIVATION_NONE, NULL);
 }
 
+// Stage 0, block 0's fc2 backward as block_backward calls it, but with hidden NULL: the CPU
+// stores GELU(pre) there (its mlp_hidden_elements is N * H), so the model must give it room.
+static void gelu_linear_backward_hidden_null(Model *m) {
+  const StageGeom *g = &m->stages[0];
+  int64_t rows = (int64_t)BATCH * g->H * g->W;
+  m->be->ops->gelu_linear_backward(
+      m->be, m->acts.dhidden, NULL, m->g.blocks[0].fc2_w, m->g.blocks[0].fc1_b, m->acts.dbranch,
+      m->acts.blocks[0].fc1, model_compute_weight(m, m->w.blocks[0].fc2_w), rows, g->hidden, g->C);
+}
+
 // A tensor registered over the second half of the patches and beyond.
 static void register_overlap(Model *m) {
   Tensor t = m->act_table[0];
@@ -258,6 +269,10 @@ static void test_violations(Model *m) {
   expect_abort("a merge gradient shorter than the shape", patch_merge_short_dmerged, m,
                (const char *const[]){"patch_merge_backward: dmerged needs 4096 F32 elements",
                                      "layers.1.blocks.0.x", "2048 too few", NULL});
+  expect_abort("no room for GELU(pre) where the backend stores it",
+               gelu_linear_backward_hidden_null, m,
+               (const char *const[]){"gelu_linear_backward: hidden needs 8192 F32 elements",
+                                     "but is NULL", "HINT:", NULL});
   expect_abort("overlapping registrations", register_overlap, m,
                (const char *const[]){"tensor test.overlap (", "overlaps patches (", NULL});
 }

@@ -20,6 +20,13 @@
 //   random values: the kernel adds) against the column sums of the downloaded dpre. Swin-T's
 //   four MLP shapes with N = 77 and 4099, a K that is not a multiple of 64 with a partial column
 //   tile, each tile width, dpre_sums NULL, and N = 50,000 (many tiles per CTA).
+// linear_hopper_dgelu_dweight_cuda, the same with fc2's weight gradient in the kernel: dpre
+//   bitwise linear_hopper_dgelu_tile's at width 128, dpre_sums as above, dweight (started from
+//   random values: the kernel adds) against dout^T hidden in double, hidden being
+//   gelu_recompute_backward_cuda's bf16 GELU(pre), and the same bits on a second run. Swin-T's
+//   two MLP shapes it serves (C 96, 192) with N = 77, 4099 and 50,000, a K that is not a
+//   multiple of 64 (three slabs, the last partial) with a partial column tile, one slab, and
+//   dpre_sums NULL.
 // linear_hopper_gelu_forward_cuda, the MLP's second layer with the GELU applied to its input in
 //   shared memory: out bitwise linear_hopper_forward_tile (same width) of gelu_forward_cuda(pre),
 //   and against the CPU's linear_forward_cpu(gelu_forward_cpu(pre)); Swin-T's four fc2 shapes
@@ -248,11 +255,44 @@ static void check_hopper(TestRng *rng) {
   }
 }
 
-// One linear_hopper_dgelu_tile case (see the top of the file).
-static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng *rng) {
+// dweight (OC, IC) from the kernel against dw0 + dout^T hidden (hidden: bf16 bits (N, IC)), summed
+// in double. The kernel adds in f32 on the tensor cores, each CTA over its rows in steps of 16
+// (at most ceil(N / 16) steps), then the CTAs in double: each step's error within 2^-22 of the
+// element's sum of magnitudes S (2^-23 doubled for the tensor cores' truncation), and the final
+// f32 rounding. A row missed or counted twice moves an element by ~S / sqrt(N): 60x the bound
+// at N = 4099, 6x at 50,000.
+static void check_dweight(const char *ctx, const float *got, const float *dw0, const float *dout,
+                          const uint16_t *hidden, int64_t N, int IC, int OC) {
+  int64_t bad = 0, worst = 0;
+  double worst_ratio = -1.0;
+  for (int k = 0; k < OC; k++)
+    for (int n = 0; n < IC; n++) {
+      double exact = dw0[(int64_t)k * IC + n], mag = fabs(exact);
+      for (int64_t r = 0; r < N; r++) {
+        const double t = (double)dout[r * OC + k] * bf16_to_f32(hidden[r * IC + n]);
+        exact += t;
+        mag += fabs(t);
+      }
+      const double b = ((N + 15) / 16 + 1) * 0x1p-22 * mag + 0x1p-23 * fabs(exact);
+      const double ratio = fabs(got[(int64_t)k * IC + n] - exact) / b;
+      if (!(ratio <= 1.0)) bad++;
+      if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = (int64_t)k * IC + n;
+    }
+  test_check(bad == 0,
+             "%s: dweight += dout^T hidden; %lld of %lld out of bound, worst (%lld, %lld) at %.3g "
+             "of it",
+             ctx, (long long)bad, (long long)OC * IC, (long long)(worst / IC),
+             (long long)(worst % IC), worst_ratio);
+}
+
+// One linear_hopper_dgelu_tile case, or with dweight one linear_hopper_dgelu_dweight_cuda case
+// (see the top of the file).
+static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, bool dweight,
+                        TestRng *rng) {
   char ctx[160];
-  snprintf(ctx, sizeof ctx, "linear_hopper_dgelu N=%lld IC=%d OC=%d tile %d%s", (long long)N, IC,
-           OC, tile, sums ? "" : " (sums NULL)");
+  snprintf(ctx, sizeof ctx, "linear_hopper_dgelu%s N=%lld IC=%d OC=%d tile %d%s",
+           dweight ? "_dweight" : "", (long long)N, IC, OC, dweight ? 128 : tile,
+           sums ? "" : " (sums NULL)");
   const int64_t nd = N * OC, nw = (int64_t)OC * IC, nh = N * IC;
   // d(hidden) of spread ~1.7 as in check_case; pre in [-4, 4): GELU' from ~0 through its
   // minimum near -0.75 to ~1.
@@ -261,6 +301,7 @@ static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng 
   float *w = test_random_act(rng, DTYPE_BF16, nw, -wscale, wscale);
   float *pre = test_random_act(rng, DTYPE_BF16, nh, -4.0f, 4.0f);
   float *sums0 = test_random_act(rng, DTYPE_F32, IC, -1.0f, 1.0f);
+  float *dw0 = test_random_act(rng, DTYPE_F32, nw, -1.0f, 1.0f);
 
   // The reference: dh = dout w (N, IC), dpre = dh GELU'(pre); S = |dout| |w| for the bounds.
   float *dh = test_alloc_floats(nh), *S = test_alloc_floats(nh), *want = test_alloc_floats(nh);
@@ -275,11 +316,18 @@ static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng 
   void *d_dpre = poisoned_bf16(nh), *d_hidden = poisoned_bf16(nh);
   float *d_sums = gpu_alloc(sizeof(float) * (size_t)IC);
   CUDA_CHECK(cudaMemcpy(d_sums, sums0, sizeof(float) * (size_t)IC, cudaMemcpyHostToDevice));
-  const int64_t scratch_floats = linear_hopper_dgelu_scratch(N, IC, OC);
+  float *d_dw = gpu_alloc(sizeof(float) * (size_t)nw);
+  CUDA_CHECK(cudaMemcpy(d_dw, dw0, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice));
+  const int64_t scratch_floats = dweight ? linear_hopper_dgelu_dweight_scratch(N, IC, OC)
+                                         : linear_hopper_dgelu_scratch(N, IC, OC);
   float *d_scratch = gpu_alloc(sizeof(float) * (size_t)scratch_floats);
   CUDA_CHECK(cudaMemset(d_scratch, 0xFF, sizeof(float) * (size_t)scratch_floats));
-  linear_hopper_dgelu_tile(d_dpre, d_hidden, sums ? d_sums : NULL, d_scratch, d_dout, d_w, d_pre, N,
-                           IC, OC, tile, 0);
+  if (dweight)
+    linear_hopper_dgelu_dweight_cuda(d_dpre, d_dw, sums ? d_sums : NULL, d_scratch, d_dout, d_w,
+                                     d_pre, N, IC, OC, 0);
+  else
+    linear_hopper_dgelu_tile(d_dpre, d_hidden, sums ? d_sums : NULL, d_scratch, d_dout, d_w, d_pre,
+                             N, IC, OC, tile, 0);
   CUDA_CHECK(cudaGetLastError());
   uint16_t *dpre = download_bits(d_dpre, nh), *hidden = download_bits(d_hidden, nh);
 
@@ -294,7 +342,30 @@ static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng 
   void *d_ref = poisoned_bf16(nh), *d_scratch2 = poisoned_bf16(nh);
   gelu_recompute_backward_cuda(DTYPE_BF16, d_ref, d_scratch2, d_pre, d_pre, N, IC, NULL, NULL, 0);
   uint16_t *ref = download_bits(d_ref, nh);
-  check_same_bits(ctx, "hidden vs gelu_recompute_backward_cuda", hidden, ref, N, IC);
+  if (!dweight) check_same_bits(ctx, "hidden vs gelu_recompute_backward_cuda", hidden, ref, N, IC);
+
+  if (dweight) {
+    // dpre: the same product and epilogue as linear_hopper_dgelu_tile's at width 128.
+    void *d_dpre2 = poisoned_bf16(nh);
+    linear_hopper_dgelu_tile(d_dpre2, d_hidden, NULL, d_scratch, d_dout, d_w, d_pre, N, IC, OC,
+                             128, 0);
+    uint16_t *dpre2 = download_bits(d_dpre2, nh);
+    check_same_bits(ctx, "dpre vs linear_hopper_dgelu_tile (128)", dpre, dpre2, N, IC);
+    // dweight against the reference, then the same bits from a second run.
+    float *dw = test_alloc_floats(nw), *dw2 = test_alloc_floats(nw);
+    CUDA_CHECK(cudaMemcpy(dw, d_dw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+    check_dweight(ctx, dw, dw0, dout, ref, N, IC, OC);
+    CUDA_CHECK(cudaMemcpy(d_dw, dw0, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice));
+    linear_hopper_dgelu_dweight_cuda(d_dpre2, d_dw, NULL, d_scratch, d_dout, d_w, d_pre, N, IC, OC,
+                                     0);
+    CUDA_CHECK(cudaMemcpy(dw2, d_dw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+    test_check(memcmp(dw, dw2, sizeof(float) * (size_t)nw) == 0, "%s: dweight, two runs: %s", ctx,
+               memcmp(dw, dw2, sizeof(float) * (size_t)nw) == 0 ? "same bits" : "bits differ");
+    CUDA_CHECK(cudaFree(d_dpre2));
+    free(dpre2);
+    free(dw);
+    free(dw2);
+  }
 
   // dpre_sums: sums0 + the column sums of dpre as stored. The kernel adds in f32 over 64 rows,
   // then over a CTA's tiles (at most ceil(N / 128)), then in double: each term's relative error
@@ -321,9 +392,10 @@ static void check_dgelu(int64_t N, int IC, int OC, int tile, bool sums, TestRng 
              ctx, sums ? "+= column sums of dpre" : "untouched", (long long)bad, IC,
              (long long)worst, worst_ratio);
 
-  void *bufs[] = {d_dout, d_w, d_pre, d_dpre, d_hidden, d_sums, d_scratch, d_ref, d_scratch2};
+  void *bufs[] = {d_dout, d_w,   d_pre, d_dpre,     d_hidden,
+                  d_sums, d_dw, d_scratch, d_ref, d_scratch2};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
-  float *hs[] = {dout, w, pre, sums0, dh, S, want, ad, aw, got};
+  float *hs[] = {dout, w, pre, sums0, dw0, dh, S, want, ad, aw, got};
   for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
   free(dpre);
   free(hidden);
@@ -401,12 +473,31 @@ static void check_hopper_dgelu(TestRng *rng) {
   static const int64_t rows[] = {77, 4099};
   for (size_t s = 0; s < sizeof mlp / sizeof mlp[0]; s++)
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
-      check_dgelu(rows[r], mlp[s].IC, mlp[s].OC, 0, true, rng);
-  check_dgelu(4099, 264, 200, 0, true, rng);  // K = 200: a partial slab; 264 = 2 x 128 + 8
-  check_dgelu(1000, 520, 136, 96, true, rng);
-  check_dgelu(1000, 520, 136, 128, true, rng);
-  check_dgelu(333, 384, 96, 0, false, rng);
-  check_dgelu(50000, 384, 96, 0, true, rng);
+      check_dgelu(rows[r], mlp[s].IC, mlp[s].OC, 0, true, false, rng);
+  check_dgelu(4099, 264, 200, 0, true, false, rng);  // K = 200: a partial slab; 264 = 2 x 128 + 8
+  check_dgelu(1000, 520, 136, 96, true, false, rng);
+  check_dgelu(1000, 520, 136, 128, true, false, rng);
+  check_dgelu(333, 384, 96, 0, false, false, rng);
+  check_dgelu(50000, 384, 96, 0, true, false, rng);
+}
+
+static void check_hopper_dgelu_dweight(TestRng *rng) {
+  if (!linear_hopper_supported(96, 384)) return;  // check_hopper printed the SKIP
+  test_check(linear_hopper_dgelu_dweight_supported(384, 96) &&
+                 linear_hopper_dgelu_dweight_supported(768, 192) &&
+                 !linear_hopper_dgelu_dweight_supported(1536, 384) &&
+                 !linear_hopper_dgelu_dweight_supported(768, 200),
+             "linear_hopper_dgelu_dweight_supported: OC a multiple of 8 up to 192");
+  // Swin-T's MLPs of stages 0 and 1: IC = hidden = 4 C, OC = C.
+  static const SmallKShape mlp[] = {{384, 96}, {768, 192}};
+  static const int64_t rows[] = {77, 4099};
+  for (size_t s = 0; s < sizeof mlp / sizeof mlp[0]; s++)
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+      check_dgelu(rows[r], mlp[s].IC, mlp[s].OC, 0, true, true, rng);
+  check_dgelu(4099, 264, 136, 0, true, true, rng);  // K = 136: three slabs, the last partial
+  check_dgelu(1000, 200, 64, 0, true, true, rng);   // one slab; 200 = 128 + 72
+  check_dgelu(333, 384, 96, 0, false, true, rng);
+  check_dgelu(50000, 384, 96, 0, true, true, rng);
 }
 
 // The shape query agrees with the header's limits.
@@ -438,6 +529,7 @@ int main(void) {
              (SmallKMode){.bias = false, .post = true}, &rng);
   check_hopper(&rng);
   check_hopper_dgelu(&rng);
+  check_hopper_dgelu_dweight(&rng);
   check_hopper_gelu_input(&rng);
 #endif
   return test_finish();

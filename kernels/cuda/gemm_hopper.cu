@@ -4,7 +4,9 @@
 // It is the first step toward the LayerNorm and the GELU inside the GEMMs (kernels/PERF.md,
 // version 18): a GEMM whose operand loads and epilogue are ours, which cuBLASLt cannot offer.
 // The same kernel with a second epilogue is the MLP backward's d(hidden) product with the GELU
-// pass in it (linear_hopper_dgelu_cuda; version 19): see linear_hopper_kernel.
+// pass in it (linear_hopper_dgelu_cuda; version 19): see linear_hopper_kernel. A third keeps
+// the tile's slabs of dout and GELU(pre) in shared memory and adds fc2's weight gradient there
+// (linear_hopper_dgelu_dweight_cuda; version 22), so GELU(pre) is never stored.
 //
 // Design. A CTA computes BM x BN tiles of out (BM = 128 rows, BN = 96-256 output features)
 // with three warpgroups: the producer (one thread issues the copies) and two consumers, each
@@ -55,7 +57,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBK = 64;
 // What the kernel computes around the product (linear_hopper_kernel says what each means).
-enum Mode : int { kPlain, kBackwardGelu, kGeluInput };
+enum Mode : int { kPlain, kBackwardGelu, kGeluInput, kBackwardGeluDweight };
 constexpr int kConsumers = 2;                     // warpgroups, 64 rows of the tile each
 constexpr int kThreads = (kConsumers + 1) * 128;  // the producer warpgroup first
 
@@ -69,9 +71,15 @@ struct HopperTile {
   // fragments' 4-byte writes of a warp fall in 32 different banks.
   static constexpr int kOutPitch = BN + 8;
   static constexpr int kOutBytes = 64 * kOutPitch * 2;
-  // The slabs, the staged outputs, the barriers; + 1024 to align the start to a swizzle atom.
-  static constexpr int kSmemBytes =
-      kStages * kStageBytes + kConsumers * kOutBytes + 2 * kStages * 8 + 1024;
+  // kBackwardGeluDweight's tile of GELU(pre) as the weight-gradient product's A operand: BN / 64
+  // blocks of 64 columns, each 128 rows of 128 bytes with the 128-byte swizzle.
+  static constexpr int kHidBytes = kBM * BN * 2;
+  // The slabs, [the tile of GELU(pre)], the staged outputs, the barriers; + 1024 to align the
+  // start to a swizzle atom.
+  static constexpr int smem_bytes(bool hid) {
+    return kStages * kStageBytes + (hid ? kHidBytes : 0) + kConsumers * kOutBytes +
+           2 * kStages * 8 + 1024;
+  }
 };
 
 #if defined(SWIN_HOPPER_GEMM) && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -141,6 +149,10 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void warpgroup_sync(int w) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
 }
+// The 256 threads of both consumer warpgroups (named barrier 3).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 3, 256;" ::: "memory");
+}
 
 // The operand lists of the wgmma instructions: 8 accumulators each.
 #define SWIN_ACC8(i)                                                                          \
@@ -149,6 +161,23 @@ __device__ __forceinline__ void warpgroup_sync(int w) {
 
 template <int BN>
 struct Wgmma;
+
+// d (64 x 64, f32) += A (64 x 16) B (16 x 64) with both operands MN-major (transposed: A's 64
+// rows and B's 64 columns contiguous, each k a 128-byte row of the swizzle atom; a 64-element
+// extent is one atom wide, so the descriptor's leading byte offset is unused again).
+template <>
+struct Wgmma<64> {
+  static __device__ __forceinline__ void mma_mn(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 1, 1;\n}\n"
+        : SWIN_ACC8(0), SWIN_ACC8(8), SWIN_ACC8(16), SWIN_ACC8(24)
+        : "l"(da), "l"(db), "r"(1));
+  }
+};
 
 // d (64 x BN of the warpgroup, f32) += A (64 x 16) B (16 x BN); accumulate 0 overwrites d.
 template <>
@@ -243,20 +272,34 @@ struct Wgmma<256> {
 // as gelu_recompute_backward_cuda computes them; with partial not NULL, also this CTA's column
 // sums of pre as stored, one row of partial per consumer (the grid is then a multiple of the
 // column tiles, so a CTA keeps one column tile: blockIdx.x % tiles_n).
-template <int BN, int MODE>
+// kBackwardGeluDweight (BN 128, CH = the slabs of K, at most 3): as kBackwardGelu, but post goes
+// to shared memory instead of memory, and the weight gradient of the layer whose input it is
+// comes out of the kernel: dw^T (N, K) += post^T A over the tile's 128 rows, A's slabs still in
+// the ring (the consumers release them only after this product). Consumer c multiplies its 64
+// columns of post (the A operand, MN-major) by the CH slabs of A (the B operand, MN-major: a slab
+// is 128 rows of 64 features), accumulating in registers across its tiles (all in one column
+// tile); at the end this CTA's sums go to dw_partial, a (K, N) block per CTA of the column tile
+// (blockIdx.x / tiles_n).
+template <int BN, int MODE, int CH>
 __global__ void __launch_bounds__(kThreads, 1)
     linear_hopper_kernel(const __grid_constant__ CUtensorMap map_a,
                          const __grid_constant__ CUtensorMap map_b, bf16 *__restrict__ pre,
                          bf16 *__restrict__ post, const bf16 *__restrict__ bias,
-                         const bf16 *__restrict__ gelu_in, float *__restrict__ partial, int M,
-                         int N, int K) {
+                         const bf16 *__restrict__ gelu_in, float *__restrict__ partial,
+                         float *__restrict__ dw_partial, int M, int N, int K) {
 #if defined(SWIN_HOPPER_GEMM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTile<BN>;
   constexpr int S = T::kStages;
-  constexpr bool DGELU = MODE == kBackwardGelu;
+  constexpr bool DWEIGHT = MODE == kBackwardGeluDweight;
+  constexpr bool DGELU = MODE == kBackwardGelu || DWEIGHT;
+  static_assert(!DWEIGHT || (BN == 2 * 64 && CH >= 1 && CH <= S),
+                "the weight-gradient product: one 64-column block per consumer, the tile's "
+                "slabs all in the ring");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  uint64_t *full = (uint64_t *)(smem + S * T::kStageBytes + kConsumers * T::kOutBytes);
+  uint8_t *hid = smem + S * T::kStageBytes;  // kBackwardGeluDweight's GELU(pre), 1024-aligned
+  uint8_t *outs = hid + (DWEIGHT ? T::kHidBytes : 0);
+  uint64_t *full = (uint64_t *)(outs + kConsumers * T::kOutBytes);
   uint64_t *empty = full + S;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int tiles_n = (N + BN - 1) / BN, tiles = tiles_n * ((M + kBM - 1) / kBM);
@@ -295,11 +338,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int c = wg - 1, row_slab = c * 64;  // this consumer and its rows of the tile
-  bf16 *staged = (bf16 *)(smem + S * T::kStageBytes + c * T::kOutBytes);
+  bf16 *staged = (bf16 *)(outs + c * T::kOutBytes);
   const int warp = t / 32, lane = t % 32;
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+  float dw[DWEIGHT ? CH : 1][32];  // the weight gradient's 64 x 64 blocks (columns c * 64 ...)
+#pragma unroll
+  for (int h = 0; h < (DWEIGHT ? CH : 1); h++)
+#pragma unroll
+    for (int i = 0; i < 32; i++) dw[h][i] = 0.0f;
   constexpr int kVecs = BN / 8;               // 16-byte vectors of a row
   constexpr int kThreadVecs = BN / 16;        // a thread's vectors of the consumer's 64 rows
   constexpr int kSumCols = (BN + 127) / 128;  // a thread's columns of the column sums
@@ -319,7 +367,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // The mainloop: a slab's four products are committed as one group; once the group before
-    // it has finished, that slab's stage goes back to the producer.
+    // it has finished, that slab's stage goes back to the producer (with the weight gradient,
+    // only after the tile's second product).
     for (int k = 0; k < slabs; k++, it++) {
       const int s = it % S;
       bar_wait(&full[s], (it / S) & 1);
@@ -347,10 +396,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<BN>::mma(d, descriptor(a + 32 * kk), descriptor(b + 32 * kk), k > 0 || kk > 0);
       wgmma_commit();
       wgmma_wait<1>();
-      if (k > 0) bar_arrive(&empty[(it - 1) % S]);
+      if (!DWEIGHT && k > 0) bar_arrive(&empty[(it - 1) % S]);
     }
     wgmma_wait<0>();
-    bar_arrive(&empty[(it - 1) % S]);
+    if constexpr (!DWEIGHT) bar_arrive(&empty[(it - 1) % S]);
 
     // Epilogue: the bias in f32, one rounding to bf16, the rows staged in shared memory, then
     // written as 16-byte vectors, a warp's stores covering whole rows (and post computed from
@@ -371,15 +420,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     warpgroup_sync(c);
     if constexpr (DGELU) {
+      // The other consumer has finished the last tile's weight-gradient product (which reads
+      // all of hid) before this one writes its rows of hid.
+      if constexpr (DWEIGHT) consumers_sync();
       // N is a multiple of 8: a vector is wholly in or out. Vectors outside the matrices are
-      // staged as zeros for the column sums.
+      // staged as zeros for the column sums (and for the weight gradient).
 #pragma unroll
       for (int i = 0; i < kThreadVecs; i++) {
         const int v = t + 128 * i, row = v / kVecs, col = v % kVecs * 8;
         const int gr = m0 + row_slab + row, gc = n0 + col;
         bf16 *st = &staged[row * T::kOutPitch + col];
+        // Row row_slab + row of hid's block col / 64, its 16-byte chunk col % 64 / 8 swizzled
+        // as TMA would (XOR with the row's place in its 8-row atom).
+        const int hr = row_slab + row;
+        uint4 *h = reinterpret_cast<uint4 *>(hid + col / 64 * (kBM * 128) + hr * 128 +
+                                             ((col % 64 / 8) ^ (hr % 8)) * 16);
         if (gr >= M || gc >= N) {
           *(uint4 *)st = make_uint4(0, 0, 0, 0);
+          if constexpr (DWEIGHT) *h = make_uint4(0, 0, 0, 0);
           continue;
         }
         float g[8], x[8], y[8];
@@ -394,7 +452,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           g[e] *= fmaf(x[e], pdf, cdf);
         }
         const int64_t o = (int64_t)gr * N + gc;
-        store_vec<bf16, 8>(post + o, y);
+        if constexpr (DWEIGHT)
+          store_vec<bf16, 8>(reinterpret_cast<bf16 *>(h), y);
+        else
+          store_vec<bf16, 8>(post + o, y);
         store_vec<bf16, 8>(pre + o, g);
         store_vec<bf16, 8>(st, g);  // as stored, for the column sums
       }
@@ -408,6 +469,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = 0; r < 64; r++) s += __bfloat162float(staged[r * T::kOutPitch + col]);
           colsum[q] += s;
         }
+      }
+      if constexpr (DWEIGHT) {
+        // hid complete (both consumers' rows, visible to wgmma's async proxy), then this
+        // consumer's columns of it times the tile's slabs, 16 rows per step; then the slabs go
+        // back to the producer.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        consumers_sync();
+        const uint8_t *ha = hid + c * (kBM * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int h = 0; h < CH; h++) {
+          const uint8_t *slab = smem + (it - slabs + h) % S * T::kStageBytes;
+#pragma unroll
+          for (int kk = 0; kk < kBM / 16; kk++)
+            Wgmma<64>::mma_mn(dw[h], descriptor(ha + 2048 * kk), descriptor(slab + 2048 * kk));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int k = 0; k < slabs; k++) bar_arrive(&empty[(it - slabs + k) % S]);
       }
     } else {
       for (int v = t; v < 64 * kVecs; v += 128) {
@@ -436,6 +516,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int col = t + 128 * q;
       if (col < BN && n0 + col < N) row[n0 + col] = colsum[q];
     }
+  }
+  if constexpr (DWEIGHT) {
+    // The accumulator fragment (see the top of the file) with rows = this consumer's columns of
+    // the tile and columns = K: dw^T (n, k) goes to (k, n) of this CTA's block.
+    const int n = blockIdx.x % tiles_n * BN + c * 64 + warp * 16 + lane / 4;
+    float *block = dw_partial + (int64_t)(blockIdx.x / tiles_n) * K * N;
+#pragma unroll
+    for (int h = 0; h < CH; h++)
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int nn = n + (e / 2) * 8, kk = h * 64 + 8 * j + 2 * (lane % 4) + e % 2;
+          if (nn < N && kk < K) block[(int64_t)kk * N + nn] = dw[h][4 * j + e];
+        }
   }
 #else  // not built for sm_90a: linear_hopper_supported is false and nothing launches this
   __trap();
@@ -488,12 +583,12 @@ int sm_count() {
   return sms;
 }
 
-// One product: out (N, OC) from inp (N, K) and weight (OC, K); pre, post, bias, gelu_in and
-// partial as linear_hopper_kernel takes them.
+// One product: out (N, OC) from inp (N, K) and weight (OC, K); pre, post, bias, gelu_in,
+// partial and dw_partial as linear_hopper_kernel takes them.
 struct Product {
   void *pre, *post;
   const void *inp, *weight, *bias, *gelu_in;
-  float *partial;
+  float *partial, *dw_partial;
   int64_t N;
   int K, OC;
 };
@@ -502,11 +597,12 @@ int64_t column_tiles(int OC, int width) {
   return (OC + width - 1) / width;
 }
 
-// The persistent grid: one CTA per SM at most; for the backward's column sums a multiple of the
-// column tiles, so that every CTA keeps one column tile (at least one CTA per column tile).
-unsigned grid_size(const Product &p, int width, bool column_sums, int sms) {
+// The persistent grid: one CTA per SM at most; for the backward's column sums and weight
+// gradient a multiple of the column tiles, so that every CTA keeps one column tile (at least one
+// CTA per column tile).
+unsigned grid_size(const Product &p, int width, bool keeps_column, int sms) {
   const int64_t tiles_n = column_tiles(p.OC, width), tiles_m = (p.N + kBM - 1) / kBM;
-  if (column_sums) {
+  if (keeps_column) {
     int64_t per_column = sms / tiles_n;
     if (per_column < 1) per_column = 1;
     if (per_column > tiles_m) per_column = tiles_m;
@@ -516,21 +612,27 @@ unsigned grid_size(const Product &p, int width, bool column_sums, int sms) {
   return (unsigned)(tiles < sms ? tiles : sms);
 }
 
-template <int BN, int MODE>
+// Whether a product's CTAs each keep one column tile (grid_size): the backward's column sums and
+// weight gradient.
+bool keeps_column(const Product &p, int mode) {
+  return mode == kBackwardGeluDweight || (mode == kBackwardGelu && p.partial);
+}
+
+template <int BN, int MODE, int CH = 0>
 void launch(const Product &p, cudaStream_t stream) {
+  constexpr int smem = HopperTile<BN>::smem_bytes(MODE == kBackwardGeluDweight);
   static bool configured = false;  // cache: the shared-memory limit, raised once per kernel
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN, MODE>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    HopperTile<BN>::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(linear_hopper_kernel<BN, MODE, CH>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   CUtensorMap a = tensor_map(p.inp, p.N, p.K, kBM), b = tensor_map(p.weight, p.OC, p.K, BN);
-  const unsigned grid = grid_size(p, BN, MODE == kBackwardGelu && p.partial, sm_count());
-  linear_hopper_kernel<BN, MODE><<<grid, kThreads, HopperTile<BN>::kSmemBytes, stream>>>(
+  const unsigned grid = grid_size(p, BN, keeps_column(p, MODE), sm_count());
+  linear_hopper_kernel<BN, MODE, CH><<<grid, kThreads, smem, stream>>>(
       a, b, static_cast<bf16 *>(p.pre), static_cast<bf16 *>(p.post),
-      static_cast<const bf16 *>(p.bias), static_cast<const bf16 *>(p.gelu_in), p.partial, (int)p.N,
-      p.OC, p.K);
+      static_cast<const bf16 *>(p.bias), static_cast<const bf16 *>(p.gelu_in), p.partial,
+      p.dw_partial, (int)p.N, p.OC, p.K);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -605,9 +707,88 @@ __global__ void transpose_kernel(bf16 *__restrict__ out, const bf16 *__restrict_
       out[(int64_t)(c0 + j) * rows + r0 + threadIdx.x] = tile[threadIdx.x][j];
 }
 
+// The weight gradient's product keeps its slabs of dout (K = OC <= 192) in the ring: one
+// 64-column block of the tile per consumer, so the tile is 128 wide.
+constexpr int kDweightTile = 128, kDweightMaxK = 3 * kBK;
+
+// The d(hidden) kernel with the weight gradient, its CH slabs of K a template argument (the
+// accumulators' count).
+void launch_dweight(const Product &p, cudaStream_t stream) {
+  switch ((p.K + kBK - 1) / kBK) {
+    case 1:
+      return launch<kDweightTile, kBackwardGeluDweight, 1>(p, stream);
+    case 2:
+      return launch<kDweightTile, kBackwardGeluDweight, 2>(p, stream);
+    case 3:
+      return launch<kDweightTile, kBackwardGeluDweight, 3>(p, stream);
+  }
+  fprintf(stderr, "linear_hopper_dgelu_dweight_cuda: K %d above %d\n", p.K, kDweightMaxK);
+  abort();
+}
+
+// out[i] += the sum over b < blocks of partial[b * n + i], in double and in order (the weight
+// gradient's blocks of the CTAs of a column tile; n = OC x IC).
+__global__ void dweight_partials_reduce_kernel(float *__restrict__ out,
+                                               const float *__restrict__ partial, int blocks,
+                                               int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  double sum = 0.0;
+#pragma unroll 8
+  for (int b = 0; b < blocks; b++) sum += partial[(int64_t)b * n + i];
+  out[i] += (float)sum;
+}
+
 // Floats of scratch the transposed weight (OC, IC) takes, rounded up to 16 bytes.
 int64_t transposed_floats(int IC, int OC) {
   return ((int64_t)IC * OC + 7) / 8 * 4;
+}
+
+// Floats of scratch the column sums' partial rows take: one per consumer of a CTA, whatever N.
+int64_t sums_floats(int IC) {
+  return (int64_t)kConsumers * sm_count() * IC;
+}
+
+// The most CTAs a column tile of the weight gradient's grid gets (grid_size, whatever N).
+int64_t dweight_blocks_bound(int IC) {
+  const int64_t per_column = sm_count() / column_tiles(IC, kDweightTile);
+  return per_column > 1 ? per_column : 1;
+}
+
+// Both d(hidden) entry points (linear_hopper_dgelu_tile with dweight NULL, at width tile;
+// linear_hopper_dgelu_dweight_cuda). Scratch: weight^T, the column sums' partial rows, the
+// weight gradient's blocks.
+void dgelu(const char *fn, void *dpre, void *hidden, float *dweight, float *dpre_sums,
+           float *scratch, const void *dout, const void *weight, const void *pre, int64_t N,
+           int IC, int OC, int tile, cudaStream_t stream) {
+  // The product d(hidden) = dout weight has K = OC and IC output features: its B operand is
+  // weight^T (IC, OC), K-major, transposed into scratch first.
+  bf16 *wt = reinterpret_cast<bf16 *>(scratch);
+  float *sums = scratch + transposed_floats(IC, OC), *blocks = sums + sums_floats(IC);
+  const Product p = {dpre,    hidden, dout, wt, nullptr, pre, dpre_sums ? sums : nullptr,
+                     dweight ? blocks : nullptr, N, OC, IC};
+  check_product(fn, p);
+  if (!scratch || (uintptr_t)scratch % 16 != 0) {
+    fprintf(stderr, "%s: scratch missing or not 16-byte aligned\n", fn);
+    abort();
+  }
+  if (N <= 0) return;
+  transpose_kernel<<<dim3((unsigned)((IC + 31) / 32), (unsigned)((OC + 31) / 32)), dim3(32, 8), 0,
+                     stream>>>(wt, static_cast<const bf16 *>(weight), OC, IC);
+  CUDA_CHECK_LAUNCH();
+  const int width = dweight ? kDweightTile : tile ? tile : default_tile(N, IC, sm_count(), 128);
+  if (dweight)
+    launch_dweight(p, stream);
+  else
+    launch_at_width<kBackwardGelu>(p, width, fn, stream);
+  const int per_column = (int)(grid_size(p, width, true, sm_count()) / column_tiles(IC, width));
+  if (dpre_sums) column_partials_reduce_cuda(dpre_sums, sums, per_column * kConsumers, IC, stream);
+  if (dweight) {
+    const int64_t n = (int64_t)OC * IC;
+    dweight_partials_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+        dweight, blocks, per_column, n);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
@@ -634,7 +815,7 @@ bool linear_hopper_supported(int IC, int OC) {
 void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, int tile,
                                 cudaStream_t stream) {
-  const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, N, IC, OC};
+  const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, nullptr, N, IC, OC};
   check_product("linear_hopper_forward_cuda", p);
   if (N <= 0) return;
   launch_at_width<kPlain>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
@@ -649,7 +830,7 @@ void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const vo
 void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *weight,
                                      const void *bias, int64_t N, int IC, int OC, int tile,
                                      cudaStream_t stream) {
-  const Product p = {out, nullptr, pre, weight, bias, nullptr, nullptr, N, IC, OC};
+  const Product p = {out, nullptr, pre, weight, bias, nullptr, nullptr, nullptr, N, IC, OC};
   check_product("linear_hopper_gelu_forward_cuda", p);
   if (N <= 0) return;
   launch_at_width<kGeluInput>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
@@ -664,7 +845,7 @@ void linear_hopper_gelu_forward_cuda(void *out, const void *pre, const void *wei
 
 int64_t linear_hopper_dgelu_scratch(int64_t N, int IC, int OC) {
   (void)N;  // the partial sums take a row per consumer of a CTA, whatever N
-  return transposed_floats(IC, OC) + (int64_t)kConsumers * sm_count() * IC;
+  return transposed_floats(IC, OC) + sums_floats(IC);
 }
 
 int64_t linear_hopper_dgelu_scratch_bound(int max_width) {
@@ -674,27 +855,8 @@ int64_t linear_hopper_dgelu_scratch_bound(int max_width) {
 void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float *scratch,
                               const void *dout, const void *weight, const void *pre, int64_t N,
                               int IC, int OC, int tile, cudaStream_t stream) {
-  const char *fn = "linear_hopper_dgelu_cuda";
-  // The product d(hidden) = dout weight has K = OC and IC output features: its B operand is
-  // weight^T (IC, OC), K-major, transposed into scratch first.
-  bf16 *wt = reinterpret_cast<bf16 *>(scratch);
-  float *partial = dpre_sums ? scratch + transposed_floats(IC, OC) : nullptr;
-  const Product p = {dpre, hidden, dout, wt, nullptr, pre, partial, N, OC, IC};
-  check_product(fn, p);
-  if (!scratch || (uintptr_t)scratch % 16 != 0) {
-    fprintf(stderr, "%s: scratch missing or not 16-byte aligned\n", fn);
-    abort();
-  }
-  if (N <= 0) return;
-  transpose_kernel<<<dim3((unsigned)((IC + 31) / 32), (unsigned)((OC + 31) / 32)), dim3(32, 8), 0,
-                     stream>>>(wt, static_cast<const bf16 *>(weight), OC, IC);
-  CUDA_CHECK_LAUNCH();
-  const int width = tile ? tile : default_tile(N, IC, sm_count(), 128);
-  launch_at_width<kBackwardGelu>(p, width, "linear_hopper_dgelu_tile", stream);
-  if (dpre_sums)
-    column_partials_reduce_cuda(
-        dpre_sums, partial,
-        grid_size(p, width, true, sm_count()) / column_tiles(IC, width) * kConsumers, IC, stream);
+  dgelu("linear_hopper_dgelu_cuda", dpre, hidden, nullptr, dpre_sums, scratch, dout, weight, pre,
+        N, IC, OC, tile, stream);
 }
 
 void linear_hopper_dgelu_cuda(void *dpre, void *hidden, float *dpre_sums, float *scratch,
@@ -702,4 +864,31 @@ void linear_hopper_dgelu_cuda(void *dpre, void *hidden, float *dpre_sums, float 
                               int IC, int OC, cudaStream_t stream) {
   linear_hopper_dgelu_tile(dpre, hidden, dpre_sums, scratch, dout, weight, pre, N, IC, OC, 0,
                            stream);
+}
+
+bool linear_hopper_dgelu_dweight_supported(int IC, int OC) {
+  return linear_hopper_supported(OC, IC) && OC <= kDweightMaxK;
+}
+
+int64_t linear_hopper_dgelu_dweight_scratch(int64_t N, int IC, int OC) {
+  return linear_hopper_dgelu_scratch(N, IC, OC) + dweight_blocks_bound(IC) * OC * IC;
+}
+
+int64_t linear_hopper_dgelu_dweight_scratch_bound(int max_width) {
+  // dweight_blocks_bound(IC) IC <= max(SMs x 128, IC): a column tile's CTAs times its width.
+  const int64_t width = max_width, wide = (int64_t)sm_count() * kDweightTile;
+  return linear_hopper_dgelu_scratch_bound(max_width) +
+         (width > wide ? width : wide) * (width < kDweightMaxK ? width : kDweightMaxK);
+}
+
+void linear_hopper_dgelu_dweight_cuda(void *dpre, float *dweight, float *dpre_sums, float *scratch,
+                                      const void *dout, const void *weight, const void *pre,
+                                      int64_t N, int IC, int OC, cudaStream_t stream) {
+  const char *fn = "linear_hopper_dgelu_dweight_cuda";
+  if (!linear_hopper_dgelu_dweight_supported(IC, OC) || !dweight) {
+    fprintf(stderr, "%s: IC %d, OC %d, dweight %p not served (OC <= %d, dweight not NULL)\n", fn,
+            IC, OC, (void *)dweight, kDweightMaxK);
+    abort();
+  }
+  dgelu(fn, dpre, nullptr, dweight, dpre_sums, scratch, dout, weight, pre, N, IC, OC, 0, stream);
 }

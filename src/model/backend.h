@@ -184,10 +184,15 @@ typedef struct {
   // with GELU the pre-activation goes to pre (N, OC, act).
   void (*linear_forward)(Backend *be, void *out, const void *inp, const void *weight,
                          const void *bias, int64_t N, int IC, int OC, Activation act, void *pre);
+  // The elements of hidden that mlp_forward and gelu_linear_backward need for an MLP of N rows,
+  // C features and H hidden units: N * H where either op may write GELU(pre) into hidden, 0 where
+  // neither touches it (the model may then pass hidden NULL to both and plan no room for it).
+  int64_t (*mlp_hidden_elements)(Backend *be, int64_t N, int C, int H);
   // An MLP's two layers: pre (N, H, act) = inp (N, C, act) w1^T (H, C, act) + b1 (H, act), out
   // (N, C, act) = GELU(pre) w2^T (C, H, act) + b2 (C, act). hidden (N, H, act) is room for
-  // GELU(pre), which the op may or may not write. out NULL computes pre alone (a block's rebuild
-  // for the backward), with the same bits as with out.
+  // GELU(pre), which the op may or may not write; it may be NULL exactly where
+  // mlp_hidden_elements(N, C, H) is 0. out NULL computes pre alone (a block's rebuild for the
+  // backward), with the same bits as with out.
   void (*mlp_forward)(Backend *be, void *out, void *pre, void *hidden, const void *inp,
                       const void *w1, const void *b1, const void *w2, const void *b2, int64_t N,
                       int C, int H);
@@ -198,10 +203,12 @@ typedef struct {
                           const void *inp, const void *weight, int64_t N, int IC, int OC);
   // The backward of linear(GELU(pre)), an MLP's second layer, whose input the forward did not
   // keep: hidden (N, IC, act) receives GELU(pre (N, IC, act)) (recomputed; the op overwrites
-  // it), dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight accumulated as in
-  // linear_backward. dpre_bias (IC, f32, or NULL) += the column sums of dpre as stored: the bias
-  // gradient of the MLP's first layer (pre's producer), from the pass that writes dpre. This
-  // layer's own bias gradient (the column sums of dout) is the caller's, from dout's producer.
+  // it) wherever mlp_hidden_elements(N, OC, IC) is not 0 (the MLP's C is OC, its H is IC), and
+  // may be NULL where that is 0; dpre (N, IC, act) = (dout weight) * GELU'(pre); dweight
+  // accumulated as in linear_backward. dpre_bias (IC, f32, or NULL) += the column sums of dpre
+  // as stored: the bias gradient of the MLP's first layer (pre's producer), from the pass that
+  // writes dpre. This layer's own bias gradient (the column sums of dout) is the caller's, from
+  // dout's producer.
   void (*gelu_linear_backward)(Backend *be, void *dpre, void *hidden, float *dweight,
                                float *dpre_bias, const void *dout, const void *pre,
                                const void *weight, int64_t N, int IC, int OC);

@@ -165,6 +165,16 @@ static Call call_begin(Backend *be, CheckedOp op) {
   return (Call){be->check, op};
 }
 
+// The second line of every violation's message, then the abort.
+static void abort_plan_bug(const char *arg) {
+  fprintf(stderr,
+          "HINT: the op's shape arguments and the memory passed as %s disagree: a bug in the "
+          "caller's plan (src/model/model.c plans the model's buffers), not in the config or "
+          "the data\n",
+          arg);
+  abort();
+}
+
 // Aborts naming the op, the argument, its extent and the region r it points into; why says how
 // the extent and the region disagree.
 static void violation(const Call *c, const char *arg, uintptr_t p, DType dtype, int64_t count,
@@ -183,13 +193,16 @@ static void violation(const Call *c, const char *arg, uintptr_t p, DType dtype, 
     snprintf(at, sizeof at, "element %lld", (long long)(offset / size));
   else
     snprintf(at, sizeof at, "byte %lld", (long long)offset);
-  fprintf(stderr,
-          "internal error: %s: %s needs %lld %s elements from %s of %s%s, %s\n"
-          "HINT: the op's shape arguments and the memory passed as %s disagree: a bug in the "
-          "caller's plan (src/model/model.c plans the model's buffers), not in the config or "
-          "the data\n",
-          op_names[c->op], arg, (long long)count, dtype_name(dtype), at, region, in, why, arg);
-  abort();
+  fprintf(stderr, "internal error: %s: %s needs %lld %s elements from %s of %s%s, %s\n",
+          op_names[c->op], arg, (long long)count, dtype_name(dtype), at, region, in, why);
+  abort_plan_bug(arg);
+}
+
+// The same for an argument the op needs but was passed NULL.
+static void violation_null(const Call *c, const char *arg, DType dtype, int64_t count) {
+  fprintf(stderr, "internal error: %s: %s needs %lld %s elements, but is NULL\n", op_names[c->op],
+          arg, (long long)count, dtype_name(dtype));
+  abort_plan_bug(arg);
 }
 
 // Argument `arg` touches `count` elements of dtype from ptr. whole: the argument takes a whole
@@ -226,9 +239,17 @@ static void check_arg(Call *c, const char *arg, const void *ptr, DType dtype, in
   violation(c, arg, p, dtype, count, r, why);
 }
 
-// CHECK(argument, dtype, elements): the argument takes one tensor; WHOLE: a whole buffer.
-// Structs in backend memory are U8 bytes.
+// An argument that, unlike the others, may be NULL only where the op touches none of it (count
+// 0): elsewhere a NULL is a violation, not memory the caller owns.
+static void check_needed(Call *c, const char *arg, const void *ptr, DType dtype, int64_t count) {
+  if (!ptr && count > 0) violation_null(c, arg, dtype, count);
+  check_arg(c, arg, ptr, dtype, count, false);
+}
+
+// CHECK(argument, dtype, elements): the argument takes one tensor; WHOLE: a whole buffer;
+// NEEDED: one tensor, and NULL only where elements is 0. Structs in backend memory are U8 bytes.
 #define CHECK(arg, dtype, count) check_arg(&c, #arg, (arg), (dtype), (int64_t)(count), false)
+#define NEEDED(arg, dtype, count) check_needed(&c, #arg, (arg), (dtype), (int64_t)(count))
 #define WHOLE(arg, dtype, count) check_arg(&c, #arg, (arg), (dtype), (int64_t)(count), true)
 #define BYTES(arg, type, count) CHECK(arg, DTYPE_U8, sizeof(type) * (size_t)(count))
 #define INNER (c.st->inner)
@@ -289,18 +310,19 @@ static void check_linear_forward(Backend *be, void *out, const void *inp, const 
   INNER->linear_forward(be, out, inp, weight, bias, N, IC, OC, act, pre);
 }
 
-// Without out, hidden, w2 and b2 are not touched.
+// Without out, w2 and b2 are not touched; hidden may still be (a backend may fuse GELU(pre) into
+// fc1's output), so it is checked either way, against what the backend says it stores.
 static void check_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const void *inp,
                               const void *w1, const void *b1, const void *w2, const void *b2,
                               int64_t N, int C, int H) {
   Call c = call_begin(be, CHECK_OP_mlp_forward);
   CHECK(pre, be->act, N * H);
+  NEEDED(hidden, be->act, INNER->mlp_hidden_elements(be, N, C, H));
   CHECK(inp, be->act, N * C);
   CHECK(w1, be->act, (int64_t)H * C);
   CHECK(b1, be->act, H);
   if (out) {
     CHECK(out, be->act, N * C);
-    CHECK(hidden, be->act, N * H);
     CHECK(w2, be->act, (int64_t)C * H);
     CHECK(b2, be->act, C);
   }
@@ -325,7 +347,7 @@ static void check_gelu_linear_backward(Backend *be, void *dpre, void *hidden, fl
                                        const void *weight, int64_t N, int IC, int OC) {
   Call c = call_begin(be, CHECK_OP_gelu_linear_backward);
   CHECK(dpre, be->act, N * IC);
-  CHECK(hidden, be->act, N * IC);
+  NEEDED(hidden, be->act, INNER->mlp_hidden_elements(be, N, OC, IC));  // the MLP's C, H
   CHECK(dweight, DTYPE_F32, (int64_t)OC * IC);
   CHECK(dpre_bias, DTYPE_F32, IC);
   CHECK(dout, be->act, N * OC);
@@ -661,6 +683,7 @@ static void check_weights_swap(Backend *be, float *a, float *b, int64_t n) {
 }
 
 #undef CHECK
+#undef NEEDED
 #undef WHOLE
 #undef BYTES
 #undef INNER

@@ -3,7 +3,8 @@
 // memory the op will touch is the tensor it was planned for. backend_create installs it in front
 // of the backend's own table, so every backend gets it and it is always on: be->ops is its table,
 // whose model ops check their pointers and then call the backend's own op with the same
-// arguments (the memory, graph, profiling and scratch-query entries are the backend's own).
+// arguments (the memory, graph and profiling entries and the size queries, attention_saved_floats
+// and mlp_hidden_elements, are the backend's own).
 //
 // What is checked: the owners of backend memory register it as regions (Tensors: name, dtype,
 // shape, data). Each wrapper computes from the op's own shape arguments the extent of every
@@ -13,7 +14,9 @@
 // region must have the dtype the op expects; otherwise the process aborts with a message naming
 // the op, the argument, the extent and the region (tensor_describe): a violation is a planning
 // bug, not a user error. A pointer in no region is memory the caller owns and did not register
-// (the batch staging, a test's buffers): it passes unchecked, and is counted per op.
+// (the batch staging, a test's buffers): it passes unchecked, and is counted per op. A NULL
+// passes too, except an MLP op's hidden where the backend's mlp_hidden_elements is not 0: there
+// the op stores GELU(pre), and the NULL aborts as a violation.
 //
 // Two kinds of region, which do not overlap within their kind:
 //   - tensors: one planned buffer each (an activation, a parameter, its gradient);

@@ -248,9 +248,10 @@ void cuda_reserve(Backend *be, const BackendNeeds *n) {
   if (k > need) need = k;
   k = optimizer_step_cuda_scratch(n->num_params);
   if (k > need) need = k;
-  // The MLP backward on the Hopper GEMM: fc2's weight transposed and the column-sum partials.
+  // The MLP backward on the Hopper GEMM: fc2's weight transposed, the column-sum partials and
+  // (with fc2's weight gradient in the kernel) the CTAs' weight-gradient blocks.
   if (be->act == DTYPE_BF16 && linear_hopper_supported(8, 8)) {
-    k = linear_hopper_dgelu_scratch_bound(n->max_width);
+    k = linear_hopper_dgelu_dweight_scratch_bound(n->max_width);
     if (k > need) need = k;
   }
   if (need > st->scratch_floats) {
@@ -529,6 +530,18 @@ bool use_gelu_input(const Backend *be, int C, int H, const void *out, const void
          aligned(out) && aligned(pre) && aligned(w2);
 }
 
+// The paths that store GELU(pre) run only where cuda_mlp_hidden_elements asked the model for
+// room; a NULL hidden there means the two disagree.
+void need_hidden(const void *hidden, const char *op) {
+  if (hidden) return;
+  fprintf(stderr,
+          "internal error: %s needs hidden (GELU(pre)) but the model planned none\n"
+          "HINT: cuda_mlp_hidden_elements (mlp_without_hidden) and %s's choice of path disagree "
+          "(src/model/backend_cuda.cu)\n",
+          op, op);
+  abort();
+}
+
 void cuda_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const void *inp,
                       const void *w1, const void *b1, const void *w2, const void *b2, int64_t N,
                       int C, int H) {
@@ -539,6 +552,7 @@ void cuda_mlp_forward(Backend *be, void *out, void *pre, void *hidden, const voi
     linear_hopper_gelu_forward_cuda(out, pre, w2, b2, N, H, C, state_of(be)->compute);
     return;
   }
+  need_hidden(hidden, "mlp_forward");
   cuda_linear_forward(be, hidden, inp, w1, b1, N, C, H, ACTIVATION_GELU, pre);
   if (out) cuda_linear_forward(be, out, hidden, w2, b2, N, H, C, ACTIVATION_NONE, nullptr);
 }
@@ -557,7 +571,8 @@ void cuda_linear_backward(Backend *be, void *dinp, float *dweight, float *dbias,
 // In bf16 the pass runs in the d(hidden) product's epilogue on the Hopper GEMM where it serves
 // the shape and the layer has at most 512 features: there the pass's bytes outweigh the
 // product, which runs slower than cuBLASLt's; at 768 and 1024 (Swin-T's and Swin-B's stage 3,
-// compute-bound) the pair was faster (kernels/PERF.md, version 19).
+// compute-bound) the pair was faster (kernels/PERF.md, version 19). Where mlp_without_hidden
+// also holds, the dweight product runs in that kernel too and hidden is not written.
 bool use_hopper_dgelu(const Backend *be, int IC, int OC, const void *dpre, const void *hidden,
                       const void *dout, const void *pre, const void *weight) {
   auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
@@ -565,10 +580,31 @@ bool use_hopper_dgelu(const Backend *be, int IC, int OC, const void *dpre, const
          aligned(hidden) && aligned(dout) && aligned(pre) && aligned(weight);
 }
 
+// Where the MLP's forward and backward never store GELU(pre): the forward applies GELU in fc2's
+// operand load (use_gelu_input) and the backward computes fc2's weight gradient inside the
+// d(hidden) product (linear_hopper_dgelu_dweight_cuda; kernels/PERF.md, version 22).
+bool mlp_without_hidden(const Backend *be, int C, int H) {
+  return be->act == DTYPE_BF16 && C <= kGeluInputMaxC && linear_hopper_supported(H, C) &&
+         linear_hopper_supported(C, H) && linear_hopper_dgelu_dweight_supported(H, C);
+}
+
+int64_t cuda_mlp_hidden_elements(Backend *be, int64_t N, int C, int H) {
+  return mlp_without_hidden(be, C, H) ? 0 : N * H;
+}
+
 void cuda_gelu_linear_backward(Backend *be, void *dpre, void *hidden, float *dweight,
                                float *dpre_bias, const void *dout, const void *pre,
                                const void *weight, int64_t N, int IC, int OC) {
   CudaState *st = state_of(be);
+  if (use_hopper_dgelu(be, IC, OC, dpre, hidden, dout, pre, weight) &&
+      mlp_without_hidden(be, OC, IC)) {
+    OpScope scope(be, OP_GEMM);
+    linear_hopper_dgelu_dweight_cuda(
+        dpre, dweight, dpre_bias, scratch_of(be, linear_hopper_dgelu_dweight_scratch(N, IC, OC)),
+        dout, weight, pre, N, IC, OC, st->compute);
+    return;
+  }
+  need_hidden(hidden, "gelu_linear_backward");
   if (use_hopper_dgelu(be, IC, OC, dpre, hidden, dout, pre, weight)) {
     {
       OpScope scope(be, OP_GEMM);
@@ -830,6 +866,7 @@ const BackendOps cuda_ops = {
     .images_normalize = cuda_images_normalize,
     .batch_augment = cuda_batch_augment,
     .linear_forward = cuda_linear_forward,
+    .mlp_hidden_elements = cuda_mlp_hidden_elements,
     .mlp_forward = cuda_mlp_forward,
     .linear_backward = cuda_linear_backward,
     .gelu_linear_backward = cuda_gelu_linear_backward,

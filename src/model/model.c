@@ -364,7 +364,7 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
   x->pe_mean = F32(p, (B * L0), "patch_embed.ln_mean");
   x->pe_rstd = F32(p, (B * L0), "patch_embed.ln_rstd");
   x->drop_scales = F32(p, (2 * (int64_t)m->num_blocks, B), "drop_path_scales");
-  int64_t max_lc = B * L0 * E, max_hidden = 0, max_qkv = 0, max_table = 0;
+  int64_t max_lc = B * L0 * E, max_hidden = 0, max_gelu = 0, max_qkv = 0, max_table = 0;
   for (int s = 0; s < m->num_stages; s++) {
     const StageGeom *g = &m->stages[s];
     int64_t L = (int64_t)g->H * g->W, BL = B * L, C = g->C;
@@ -386,6 +386,8 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
     x->stage_out[s] = ACT(p, (B, L, C), "layers.%d.out", s);
     if (BL * C > max_lc) max_lc = BL * C;
     if (BL * g->hidden > max_hidden) max_hidden = BL * g->hidden;
+    int64_t gelu = m->be->ops->mlp_hidden_elements(m->be, BL, (int)C, g->hidden);
+    if (gelu > max_gelu) max_gelu = gelu;
     if (BL * 3 * C > max_qkv) max_qkv = BL * 3 * C;
     if ((int64_t)g->cpb_rows * g->heads > max_table) max_table = (int64_t)g->cpb_rows * g->heads;
   }
@@ -403,7 +405,9 @@ static int plan_activations(Model *m, Arena *a, int B, bool recompute) {
     x->ln2 = ACT(p, (max_lc), "shared.ln2");
     x->branch = ACT(p, (max_lc), "shared.branch");
   }
-  x->hidden = ACT(p, (max_hidden), "shared.gelu");
+  // GELU(pre) is stored only for the MLPs whose ops ask for room (mlp_hidden_elements): no
+  // buffer at all where none does.
+  x->hidden = max_gelu > 0 ? ACT(p, (max_gelu), "shared.gelu") : NULL;
   x->dres = F32(p, (max_lc), "shared.residual.grad");
   x->dbranch = ACT(p, (max_lc), "shared.branch.grad");
   x->dln = ACT(p, (max_lc), "shared.ln.grad");
@@ -764,15 +768,24 @@ static void block_forward_to_mlp(Model *m, const StageGeom *g, int j, int B) {
                                   NULL, B, L, C);
 }
 
+// The hidden argument of stage g's MLP ops over BL rows: the shared buffer where the backend
+// stores GELU(pre) for that MLP, NULL where it does not (plan_activations sized the buffer for
+// the former alone).
+static void *mlp_hidden(const Model *m, const StageGeom *g, int64_t BL) {
+  bool stored = m->be->ops->mlp_hidden_elements(m->be, BL, g->C, g->hidden) > 0;
+  return stored ? m->acts.hidden : NULL;
+}
+
 // Block j's MLP from LN2's output: fc1's pre-activation in a->fc1 and, with out, fc2's output
 // (without, the pre-activation alone: the backward's rebuild).
 static void block_mlp_forward(Model *m, const StageGeom *g, int j, int B, void *out) {
   int gi = g->first_block + j;
   const BlockWeights *w = &m->w.blocks[gi];
-  m->be->ops->mlp_forward(m->be, out, m->acts.blocks[gi].fc1, m->acts.hidden, m->acts.ln2,
+  int64_t BL = (int64_t)B * g->H * g->W;
+  m->be->ops->mlp_forward(m->be, out, m->acts.blocks[gi].fc1, mlp_hidden(m, g, BL), m->acts.ln2,
                           model_compute_weight(m, w->fc1_w), model_compute_weight(m, w->fc1_b),
-                          model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b),
-                          (int64_t)B * g->H * g->W, g->C, g->hidden);
+                          model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b), BL,
+                          g->C, g->hidden);
 }
 
 // The rest of block j after LN1: the attention branch, then the MLP, whose output waits in
@@ -811,9 +824,10 @@ static void block_forward_v2(Model *m, const StageGeom *g, int j, int B, void *o
                       model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
   ops->postnorm_residual_forward(be, a->x1, NULL, a->ln1_mean, a->ln1_rstd, x->stream, a->proj, &wm,
                                  dp ? a->dp_attn : NULL, w->norm1_w, w->norm1_b, NULL, B, L, C);
-  ops->mlp_forward(be, a->fc2, a->fc1, x->hidden, a->x1, model_compute_weight(m, w->fc1_w),
-                   model_compute_weight(m, w->fc1_b), model_compute_weight(m, w->fc2_w),
-                   model_compute_weight(m, w->fc2_b), BL, C, g->hidden);
+  ops->mlp_forward(be, a->fc2, a->fc1, mlp_hidden(m, g, BL), a->x1,
+                   model_compute_weight(m, w->fc1_w), model_compute_weight(m, w->fc1_b),
+                   model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b), BL, C,
+                   g->hidden);
   ops->postnorm_residual_forward(be, out, next_xw, a->ln2_mean, a->ln2_rstd, a->x1, a->fc2, NULL,
                                  dp ? a->dp_mlp : NULL, w->norm2_w, w->norm2_b,
                                  next_xw ? &next : NULL, B, L, C);
@@ -1006,8 +1020,8 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebu
 
   // MLP: fc2 through GELU (its input recomputed from fc1's output), fc1, then LN2 + the
   // attention residual; LN2's output is recomputed from its input first.
-  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
-                            model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
+  ops->gelu_linear_backward(be, x->dhidden, mlp_hidden(m, g, BL), gw->fc2_w, gw->fc1_b, x->dbranch,
+                            a->fc1, model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
   if (!rebuilt)
     ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
                                     NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
@@ -1083,8 +1097,8 @@ static void block_backward_v2(Model *m, const StageGeom *g, int j, int B) {
                                   x->dres, has_next ? x->dln : NULL, has_next ? &next : NULL,
                                   a->fc2, w->norm2_w, a->ln2_mean, a->ln2_rstd, NULL,
                                   dp ? a->dp_mlp : NULL, B, L, C);
-  ops->gelu_linear_backward(be, x->dhidden, x->hidden, gw->fc2_w, gw->fc1_b, x->dbranch, a->fc1,
-                            model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
+  ops->gelu_linear_backward(be, x->dhidden, mlp_hidden(m, g, BL), gw->fc2_w, gw->fc1_b, x->dbranch,
+                            a->fc1, model_compute_weight(m, w->fc2_w), BL, g->hidden, C);
   ops->linear_backward(be, x->dattn, gw->fc1_w, NULL, x->dhidden, a->x1,
                        model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
   // Attention unit: LN1 (d(proj output) in window order to dbranch, summed into proj's bias

@@ -156,7 +156,8 @@ typedef struct {
   // Short-lived buffers, reused by every block.
   void *xw;        // LN1 output in window order (B*nW, N, C) act, forward and recomputed
   void *ln2;       // LN2 output (B, L, C) act, forward and recomputed
-  void *hidden;    // GELU output (B, L, hidden) act, forward and recomputed
+  void *hidden;    // GELU output (B, L, hidden) act, forward and recomputed, for the MLPs whose
+                   // ops store it (mlp_hidden_elements not 0); NULL when no MLP's ops do
   void *branch;    // a branch output waiting for its residual add: proj (windows) or fc2 (B, L, C)
   float *dres;     // gradient of the residual stream (B, L, C) f32
   void *dbranch;   // gradient of a branch output or of a block input (B, L, C) act
