@@ -20,7 +20,10 @@
 //   bias gradient) on every MLP of Swin-T and Swin-B: tuned cuBLASLt (linear_backward_cuda) +
 //   gelu_recompute_backward_cuda against linear_hopper_dgelu_tile at each width and
 //   linear_hopper_dgelu_cuda (the pass in the product's epilogue), in us; the
-//   largest difference between the two dpre relative to its largest magnitude.
+//   largest difference between the two dpre relative to its largest magnitude. Where it serves
+//   (C <= 192) also fc2's weight gradient: linear_hopper_dgelu_tile (128) + tuned cuBLASLt's
+//   dweight product (the model's path before version 22) against
+//   linear_hopper_dgelu_dweight_cuda (the product inside the kernel).
 // 4. The MLP forward on every MLP of Swin-T and Swin-B, the two routes of src/model/backend_cuda.cu
 //   (cuda_mlp_forward): fc1 with its GELU fused (the small-K kernel for C = 96, else the Hopper
 //   GEMM) + fc2 on cuBLASLt, against fc1 alone (small-K or cuBLASLt) + fc2 on
@@ -268,8 +271,8 @@ void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
   printf(
       "\nMLP backward, d(hidden) + GELU pass: us; tuned cuBLASLt + gelu_recompute_backward_cuda "
       "against linear_hopper_dgelu (h96, h128: at that width)\n");
-  printf("%-9s %6s %5s %5s | %8s | %7s %7s %7s | %6s | %8s\n", "mlp", "N", "IC", "OC", "cuBL+G",
-         "h96", "h128", "default", "ratio", "rel diff");
+  printf("%-9s %6s %5s %5s | %8s | %7s %7s %7s | %6s | %8s | %8s %8s\n", "mlp", "N", "IC", "OC",
+         "cuBL+G", "h96", "h128", "default", "ratio", "rel diff", "h128+dW", "fused dW");
   double sum[2] = {0, 0};
   for (const Layer &l : forward_layers()) {
     if (l.OC != 4 * l.IC) continue;  // fc1's rows name the MLPs
@@ -281,8 +284,10 @@ void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
     __nv_bfloat16 *pre = random_bf16(nh, 6, 3.0f, stream);
     __nv_bfloat16 *dpre = nullptr, *hidden = nullptr, *ref = nullptr;
     float *sums = nullptr, *scratch = nullptr, *diff = nullptr;
+    const bool fused_dw = linear_hopper_dgelu_dweight_supported(IC, OC);
     const int64_t scratch_floats =
-        std::max(linear_hopper_dgelu_scratch(N, IC, OC), column_sums_cuda_scratch(N, IC));
+        std::max({linear_hopper_dgelu_scratch(N, IC, OC), column_sums_cuda_scratch(N, IC),
+                  fused_dw ? linear_hopper_dgelu_dweight_scratch(N, IC, OC) : 0});
     CUDA_CHECK(cudaMalloc(&dpre, sizeof(__nv_bfloat16) * (size_t)nh));
     CUDA_CHECK(cudaMalloc(&hidden, sizeof(__nv_bfloat16) * (size_t)nh));
     CUDA_CHECK(cudaMalloc(&ref, sizeof(__nv_bfloat16) * (size_t)nh));
@@ -290,6 +295,23 @@ void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
     CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * (size_t)scratch_floats));
     CUDA_CHECK(cudaMalloc(&diff, 2 * sizeof(float)));
     CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(float) * (size_t)IC, stream));
+    // fc2's weight gradient both ways: after the kernel that stores hidden, and inside the kernel.
+    float *dweight = nullptr;
+    double with_dw[2] = {0, 0};
+    if (fused_dw) {
+      CUDA_CHECK(cudaMalloc(&dweight, sizeof(float) * (size_t)OC * IC));
+      CUDA_CHECK(cudaMemsetAsync(dweight, 0, sizeof(float) * (size_t)OC * IC, stream));
+      with_dw[0] = median_us(stream, [&] {
+        linear_hopper_dgelu_tile(dpre, hidden, sums, scratch, dout, weight, pre, N, IC, OC, 128,
+                                 stream);
+        linear_backward_cuda(tuned, DTYPE_BF16, nullptr, dweight, nullptr, dout, hidden, weight, N,
+                             IC, OC, nullptr);
+      });
+      with_dw[1] = median_us(stream, [&] {
+        linear_hopper_dgelu_dweight_cuda(dpre, dweight, sums, scratch, dout, weight, pre, N, IC, OC,
+                                         stream);
+      });
+    }
     const double pair = median_us(stream, [&] {
       linear_backward_cuda(tuned, DTYPE_BF16, ref, nullptr, nullptr, dout, nullptr, weight, N, IC,
                            OC, nullptr);
@@ -318,12 +340,16 @@ void dgelu_table(GemmContext *tuned, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     char name[16];
     snprintf(name, sizeof name, "%.2s mlp", l.name);
-    printf("%-9s %6lld %5d %5d | %8.1f | %7.1f %7.1f %7.1f | %6.3f | %8.2e\n", name, (long long)N,
-           IC, OC, pair, at[0], at[1], ours, pair / ours, h[0] / (h[1] > 0 ? h[1] : 1.0f));
+    printf("%-9s %6lld %5d %5d | %8.1f | %7.1f %7.1f %7.1f | %6.3f | %8.2e", name, (long long)N, IC,
+           OC, pair, at[0], at[1], ours, pair / ours, h[0] / (h[1] > 0 ? h[1] : 1.0f));
+    if (fused_dw)
+      printf(" | %8.1f %8.1f\n", with_dw[0], with_dw[1]);
+    else
+      printf(" | %8s %8s\n", "-", "-");
     sum[0] += pair, sum[1] += ours;
     __nv_bfloat16 *bufs[] = {dout, weight, pre, dpre, hidden, ref};
     for (__nv_bfloat16 *p : bufs) CUDA_CHECK(cudaFree(p));
-    float *fbufs[] = {sums, scratch, diff};
+    float *fbufs[] = {sums, scratch, diff, dweight};
     for (float *p : fbufs) CUDA_CHECK(cudaFree(p));
   }
   printf("sum: tuned cuBLASLt + GELU pass %.1f us, hopper dgelu %.1f: ratio %.3f\n", sum[0], sum[1],
