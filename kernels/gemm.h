@@ -156,7 +156,7 @@ void linear_hopper_dgelu_tile(void *dpre, void *hidden, float *dpre_sums, float 
 // is the bf16 hidden above, kept in shared memory and never stored. Each CTA sums its tiles' rows
 // in f32 on the tensor cores; the CTAs' sums are added in a fixed order in double (bits the same
 // run after run on one device). Served where linear_hopper_dgelu_dweight_supported(IC, OC): the
-// Hopper GEMM serves (OC, IC) and OC <= 192 (the tile's slabs of dout stay in shared memory).
+// Hopper GEMM serves (OC, IC) and OC <= 128 (the tile's slabs of dout stay in shared memory).
 // Scratch: linear_hopper_dgelu_dweight_scratch(N, IC, OC) floats, 16-byte aligned;
 // linear_hopper_dgelu_dweight_scratch_bound(w) covers every IC, OC <= w.
 bool linear_hopper_dgelu_dweight_supported(int IC, int OC);

@@ -21,7 +21,7 @@
 //   gelu_recompute_backward_cuda against linear_hopper_dgelu_tile at each width and
 //   linear_hopper_dgelu_cuda (the pass in the product's epilogue), in us; the
 //   largest difference between the two dpre relative to its largest magnitude. Where it serves
-//   (C <= 192) also fc2's weight gradient: linear_hopper_dgelu_tile (128) + tuned cuBLASLt's
+//   (C <= 128) also fc2's weight gradient: linear_hopper_dgelu_tile (128) + tuned cuBLASLt's
 //   dweight product (the model's path before version 22) against
 //   linear_hopper_dgelu_dweight_cuda (the product inside the kernel).
 // 4. The MLP forward on every MLP of Swin-T and Swin-B, the two routes of src/model/backend_cuda.cu

@@ -23,9 +23,9 @@
 // linear_hopper_dgelu_dweight_cuda, the same with fc2's weight gradient in the kernel: dpre
 //   bitwise linear_hopper_dgelu_tile's at width 128, dpre_sums as above, dweight (started from
 //   random values: the kernel adds) against dout^T hidden in double, hidden being
-//   gelu_recompute_backward_cuda's bf16 GELU(pre), and the same bits on a second run. Swin-T's
-//   two MLP shapes it serves (C 96, 192) with N = 77, 4099 and 50,000, a K that is not a
-//   multiple of 64 (three slabs, the last partial) with a partial column tile, one slab, and
+//   gelu_recompute_backward_cuda's bf16 GELU(pre), and the same bits on a second run. The
+//   stage-0 MLPs of Swin-T and Swin-B (C 96, 128) with N = 77, 4099 and 50,000, a K that is not
+//   a multiple of 64 (two slabs, the last partial) with a partial column tile, one slab, and
 //   dpre_sums NULL.
 // linear_hopper_gelu_forward_cuda, the MLP's second layer with the GELU applied to its input in
 //   shared memory: out bitwise linear_hopper_forward_tile (same width) of gelu_forward_cuda(pre),
@@ -484,17 +484,18 @@ static void check_hopper_dgelu(TestRng *rng) {
 static void check_hopper_dgelu_dweight(TestRng *rng) {
   if (!linear_hopper_supported(96, 384)) return;  // check_hopper printed the SKIP
   test_check(linear_hopper_dgelu_dweight_supported(384, 96) &&
-                 linear_hopper_dgelu_dweight_supported(768, 192) &&
-                 !linear_hopper_dgelu_dweight_supported(1536, 384) &&
-                 !linear_hopper_dgelu_dweight_supported(768, 200),
-             "linear_hopper_dgelu_dweight_supported: OC a multiple of 8 up to 192");
-  // Swin-T's MLPs of stages 0 and 1: IC = hidden = 4 C, OC = C.
-  static const SmallKShape mlp[] = {{384, 96}, {768, 192}};
+                 linear_hopper_dgelu_dweight_supported(512, 128) &&
+                 !linear_hopper_dgelu_dweight_supported(768, 192) &&
+                 !linear_hopper_dgelu_dweight_supported(768, 136) &&
+                 !linear_hopper_dgelu_dweight_supported(1536, 384),
+             "linear_hopper_dgelu_dweight_supported: OC a multiple of 8 up to 128");
+  // The stage-0 MLPs of Swin-T (C 96) and Swin-B (C 128): IC = hidden = 4 C, OC = C.
+  static const SmallKShape mlp[] = {{384, 96}, {512, 128}};
   static const int64_t rows[] = {77, 4099};
   for (size_t s = 0; s < sizeof mlp / sizeof mlp[0]; s++)
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
       check_dgelu(rows[r], mlp[s].IC, mlp[s].OC, 0, true, true, rng);
-  check_dgelu(4099, 264, 136, 0, true, true, rng);  // K = 136: three slabs, the last partial
+  check_dgelu(4099, 264, 72, 0, true, true, rng);   // K = 72: two slabs, the last partial
   check_dgelu(1000, 200, 64, 0, true, true, rng);   // one slab; 200 = 128 + 72
   check_dgelu(333, 384, 96, 0, false, true, rng);
   check_dgelu(50000, 384, 96, 0, true, true, rng);

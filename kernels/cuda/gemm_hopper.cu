@@ -272,7 +272,7 @@ struct Wgmma<256> {
 // as gelu_recompute_backward_cuda computes them; with partial not NULL, also this CTA's column
 // sums of pre as stored, one row of partial per consumer (the grid is then a multiple of the
 // column tiles, so a CTA keeps one column tile: blockIdx.x % tiles_n).
-// kBackwardGeluDweight (BN 128, CH = the slabs of K, at most 3): as kBackwardGelu, but post goes
+// kBackwardGeluDweight (BN 128, CH = the slabs of K, at most 2): as kBackwardGelu, but post goes
 // to shared memory instead of memory, and the weight gradient of the layer whose input it is
 // comes out of the kernel: dw^T (N, K) += post^T A over the tile's 128 rows, A's slabs still in
 // the ring (the consumers release them only after this product). Consumer c multiplies its 64
@@ -707,9 +707,11 @@ __global__ void transpose_kernel(bf16 *__restrict__ out, const bf16 *__restrict_
       out[(int64_t)(c0 + j) * rows + r0 + threadIdx.x] = tile[threadIdx.x][j];
 }
 
-// The weight gradient's product keeps its slabs of dout (K = OC <= 192) in the ring: one
-// 64-column block of the tile per consumer, so the tile is 128 wide.
-constexpr int kDweightTile = 128, kDweightMaxK = 3 * kBK;
+// The weight gradient's product keeps its slabs of dout (K = OC <= 128) in the ring: one
+// 64-column block of the tile per consumer, so the tile is 128 wide. At most two slabs: with
+// three (C = 192) the ring's fourth stage alone prefetches the next tile and ptxas spills, and
+// the kernel ran slower than the d(hidden) kernel + cuBLASLt's product (kernels/PERF.md, 22).
+constexpr int kDweightTile = 128, kDweightMaxK = 2 * kBK;
 
 // The d(hidden) kernel with the weight gradient, its CH slabs of K a template argument (the
 // accumulators' count).
@@ -719,8 +721,6 @@ void launch_dweight(const Product &p, cudaStream_t stream) {
       return launch<kDweightTile, kBackwardGeluDweight, 1>(p, stream);
     case 2:
       return launch<kDweightTile, kBackwardGeluDweight, 2>(p, stream);
-    case 3:
-      return launch<kDweightTile, kBackwardGeluDweight, 3>(p, stream);
   }
   fprintf(stderr, "linear_hopper_dgelu_dweight_cuda: K %d above %d\n", p.K, kDweightMaxK);
   abort();
