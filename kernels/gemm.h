@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "kernels/window.h"
 #include "src/base/tensor.h"
 #ifdef SWIN_HAVE_CUDA
 #include <cuda_runtime.h>  // outside the extern "C" block: it declares C++ templates
@@ -103,6 +104,28 @@ bool linear_small_k_supported(int IC, int OC);
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                  const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
 
+// The small-K layer followed by the residual + LayerNorm forward, in one kernel (gemm_small_k.cu;
+// for a block's proj and LN2 in Swin-T's stage 0; the backend composes the two ops until this
+// kernel has run on a GPU and been measured: kernels/PERF.md, version 24): for each token t of
+// B images of L tokens,
+//   branch[t] = inp[imap(t)] weight^T + bias, rounded to bf16 (inp in the order of inp_map: the
+//               attention's windows; NULL: token order)
+//   x_out[t] = x_in[t] + scale[b] * branch[t] (scale NULL: 1), rounded to bf16
+//   ln_out[t] = LN(x_out[t]) with ln_weight, ln_bias; mean[t], rstd[t] its statistics
+// bitwise linear_small_k_forward_cuda into a branch buffer followed by
+// residual_layernorm_forward_cuda(DTYPE_BF16, x_out, ln_out, mean, rstd, x_in, branch, inp_map,
+// scale, ln_weight, ln_bias, NULL, B, L, C); the branch itself is never stored. bf16 device
+// pointers but scale, mean, rstd and the LayerNorm parameters (f32); x_out may not alias x_in.
+// linear_small_k_residual_layernorm_supported(IC, C) says which shapes it serves (IC = C = 96);
+// every pointer but bias, scale and the f32 ones 16-byte aligned; it aborts on anything else.
+bool linear_small_k_residual_layernorm_supported(int IC, int C);
+void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean, float *rstd,
+                                            const void *x_in, const void *inp,
+                                            const WindowMap *inp_map, const float *scale,
+                                            const void *weight, const void *bias,
+                                            const float *ln_weight, const float *ln_bias, int B,
+                                            int64_t L, int IC, int C, cudaStream_t stream);
+
 // The linear layer's forward on Hopper's wgmma and TMA (kernels/cuda/gemm_hopper.cu), bf16 only,
 // with linear_small_k_forward_cuda's contract: pre (N, OC) = inp (N, IC) weight (OC, IC)^T + bias
 // (OC, or NULL), accumulated in f32 and rounded to bf16 once; when post (N, OC) is not NULL,
@@ -129,6 +152,27 @@ void linear_hopper_gelu_forward_cuda(void *out, const void *pre, const void *wei
 void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *weight,
                                      const void *bias, int64_t N, int IC, int OC, int tile,
                                      cudaStream_t stream);
+// The same layer followed by the residual + LayerNorm forward in one kernel (for a block's fc2
+// and the next block's residual + LN1, or a stage's last residual, in Swin-T's stages 0 and 1;
+// the backend composes the two ops until it has run on a GPU and been measured: kernels/PERF.md,
+// version 25), for B images of L tokens, C = OC:
+//   x_out (N, C) = x_in + scale[b] * out (out as above, never stored; scale NULL: 1), rounded
+//   to bf16; with ln_out not NULL also ln_out[lmap(t)] = LN(x_out[t]) with ln_weight, ln_bias
+//   (f32) and mean[t], rstd[t] its statistics (ln_map NULL: token order)
+// bitwise linear_hopper_gelu_forward_tile at width C (the width linear_hopper_gelu_forward_cuda
+// picks for Swin's row counts) into a buffer followed by
+// residual_layernorm_forward_cuda(DTYPE_BF16, x_out, ln_out, mean, rstd, x_in, buffer, NULL,
+// scale, ln_weight, ln_bias, ln_map, B, L, C). Served where
+// linear_hopper_gelu_residual_layernorm_supported(IC, C) (C 96, 128 or 192: a tile holds whole
+// rows); x_out, x_in and ln_out 16-byte aligned, x_out not aliasing x_in, B * L < 2^31.
+bool linear_hopper_gelu_residual_layernorm_supported(int IC, int C);
+void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean,
+                                                float *rstd, const void *x_in, const void *pre,
+                                                const void *weight, const void *bias,
+                                                const float *scale, const float *ln_weight,
+                                                const float *ln_bias, const WindowMap *ln_map,
+                                                int B, int64_t L, int IC, int C,
+                                                cudaStream_t stream);
 
 // The MLP backward's first half on the same kernel (fc2's d(input) with the GELU pass in its
 // epilogue), bf16 only: from dout (N, OC), fc2's weight (OC, IC) as stored and pre (N, IC), fc1's

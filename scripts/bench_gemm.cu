@@ -1,5 +1,5 @@
 // bench_gemm.cu: our own linear-layer kernels timed against cuBLASLt at batch 128, bf16
-// (kernels/PERF.md). Two tables.
+// (kernels/PERF.md). Five tables.
 // 1. The small-K GEMM (kernels/cuda/gemm_small_k.cu) on Swin-T's stage 0 and 1 linear layers:
 //   (a) cuBLASLt linear_forward_cuda (bias in its epilogue; the model's path in stage 1);
 //   (b) linear_small_k_forward_cuda with post = NULL (the model's path in stage 0);
@@ -28,10 +28,16 @@
 //   (cuda_mlp_forward): fc1 with its GELU fused (the small-K kernel for C = 96, else the Hopper
 //   GEMM) + fc2 on cuBLASLt, against fc1 alone (small-K or cuBLASLt) + fc2 on
 //   linear_hopper_gelu_forward_cuda (the GELU in its operand load); and fc2 alone both ways.
+// 5. A block's proj + residual + LN2 in Swin-T's stage 0: cuBLASLt or the small-K layer followed
+//   by residual_layernorm_forward_cuda (the model's path before version 24), and the residual
+//   LayerNorm alone, against linear_small_k_residual_layernorm_cuda (one kernel); then fc2 + the
+//   residual + the next LN1 in stages 0 and 1: linear_hopper_gelu_forward_tile followed by
+//   residual_layernorm_forward_cuda (before version 25) against
+//   linear_hopper_gelu_residual_layernorm_cuda.
 // Each time is the median of 20 launches, each between its own pair of events, after 3 warm-ups.
 //
 // Build: cmake --build build-gpu (target bench_gemm, CUDA builds only). Run: build-gpu/bench_gemm
-// [small_k] [hopper] [dgelu] [mlp] (all when none is named).
+// [small_k] [hopper] [dgelu] [mlp] [resln] (all when none is named).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -43,6 +49,7 @@
 
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 #include "scripts/bench_common.cuh"
 #include "src/base/cuda_util.h"
 
@@ -407,6 +414,106 @@ void mlp_table(GemmContext *g, cudaStream_t stream) {
   }
 }
 
+// Table 5 (see the top of the file).
+void resln_table(GemmContext *g, cudaStream_t stream) {
+  const int B = 128, H = 56, C = 96;
+  const int64_t L = (int64_t)H * H, N = B * L, n = N * C;
+  const WindowMap map = {H, H, 7, 7, 3, 3};
+  __nv_bfloat16 *inp = random_bf16(n, 1, 1.0f, stream), *x = random_bf16(n, 4, 2.0f, stream);
+  __nv_bfloat16 *weight = random_bf16((int64_t)C * C, 2, 0.1f, stream);
+  __nv_bfloat16 *bias = random_bf16(C, 3, 0.5f, stream);
+  __nv_bfloat16 *branch, *x_out, *ln_out;
+  float *stats, *ln_par, *scale;
+  CUDA_CHECK(cudaMalloc(&branch, sizeof(__nv_bfloat16) * (size_t)n));
+  CUDA_CHECK(cudaMalloc(&x_out, sizeof(__nv_bfloat16) * (size_t)n));
+  CUDA_CHECK(cudaMalloc(&ln_out, sizeof(__nv_bfloat16) * (size_t)n));
+  CUDA_CHECK(cudaMalloc(&stats, sizeof(float) * 2 * (size_t)N));
+  CUDA_CHECK(cudaMalloc(&ln_par, sizeof(float) * 2 * C));
+  CUDA_CHECK(cudaMalloc(&scale, sizeof(float) * B));
+  std::vector<float> host(2 * C, 1.0f);
+  for (int c = 0; c < C; c++) host[C + c] = 0.0f;
+  CUDA_CHECK(cudaMemcpy(ln_par, host.data(), sizeof(float) * 2 * C, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(scale, host.data(), sizeof(float) * B, cudaMemcpyHostToDevice));
+  float *mean = stats, *rstd = stats + N;
+  auto ln = [&] {
+    residual_layernorm_forward_cuda(DTYPE_BF16, x_out, ln_out, mean, rstd, x, branch, &map, scale,
+                                    ln_par, ln_par + C, nullptr, B, L, C, stream);
+  };
+  const double a = median_us(stream, [&] {
+    linear_forward_cuda(g, DTYPE_BF16, branch, inp, weight, bias, N, C, C);
+    ln();
+  });
+  const double b = median_us(stream, [&] {
+    linear_small_k_forward_cuda(branch, nullptr, inp, weight, bias, N, C, C, stream);
+    ln();
+  });
+  const double b_ln = median_us(stream, ln);
+  const double c = median_us(stream, [&] {
+    linear_small_k_residual_layernorm_cuda(x_out, ln_out, mean, rstd, x, inp, &map, scale, weight,
+                                           bias, ln_par, ln_par + C, B, L, C, C, stream);
+  });
+  // What the fused kernel must move: inp, x in; x_out, ln_out out (bf16), mean and rstd (f32).
+  const double bytes = 8.0 * (double)n + 8.0 * (double)N;
+  printf("\nproj + residual + LN2, Swin-T stage 0 (N %lld, C %d, windows 7 shifted 3), bf16; us = "
+         "median of %d; TB/s = %.0f MB / time\n",
+         (long long)N, C, kRepeats, bytes / 1e6);
+  printf("  cuBLASLt + residual LN           %8.1f us %5.2f TB/s\n", a, tb_per_s(bytes, a));
+  printf("  small-K + residual LN (LN alone)  %8.1f us %5.2f TB/s  (%.1f)\n", b,
+         tb_per_s(bytes, b), b_ln);
+  printf("  fused small-K residual LN        %8.1f us %5.2f TB/s  (%.3f of small-K + LN)\n", c,
+         tb_per_s(bytes, c), c / b);
+  void *bufs[] = {inp, x, weight, bias, branch, x_out, ln_out, stats, ln_par};
+  for (void *p : bufs) CUDA_CHECK(cudaFree(p));
+
+  // fc2 (the GELU in its operand load) + residual + LN1 into the next block's windows, stages 0
+  // and 1 of Swin-T, where the Hopper GEMM serves it.
+  if (!linear_hopper_gelu_residual_layernorm_supported(384, 96)) {
+    CUDA_CHECK(cudaFree(scale));
+    return;
+  }
+  printf("\nfc2 + residual + LN1, Swin-T stages 0 and 1, bf16; us = median of %d; TB/s = the "
+         "fused kernel's bytes (pre, x in; x_out, ln_out out) / time\n",
+         kRepeats);
+  for (int st = 0; st < 2; st++) {
+    const int Cs = 96 << st, Hs = 56 >> st, HID = 4 * Cs;
+    const int64_t Ls = (int64_t)Hs * Hs, Ns = B * Ls, ns = Ns * Cs;
+    const WindowMap m = {Hs, Hs, 7, 7, 3, 3};
+    __nv_bfloat16 *pre = random_bf16(Ns * HID, 5, 3.0f, stream), *xs = random_bf16(ns, 6, 2.0f, stream);
+    __nv_bfloat16 *w2 = random_bf16((int64_t)Cs * HID, 7, 0.05f, stream);
+    __nv_bfloat16 *b2 = random_bf16(Cs, 8, 0.5f, stream);
+    __nv_bfloat16 *br, *xo, *lo;
+    float *st2, *par;
+    CUDA_CHECK(cudaMalloc(&br, sizeof(__nv_bfloat16) * (size_t)ns));
+    CUDA_CHECK(cudaMalloc(&xo, sizeof(__nv_bfloat16) * (size_t)ns));
+    CUDA_CHECK(cudaMalloc(&lo, sizeof(__nv_bfloat16) * (size_t)ns));
+    CUDA_CHECK(cudaMalloc(&st2, sizeof(float) * 2 * (size_t)Ns));
+    CUDA_CHECK(cudaMalloc(&par, sizeof(float) * 2 * Cs));
+    std::vector<float> ones(2 * Cs, 1.0f);
+    for (int c = 0; c < Cs; c++) ones[Cs + c] = 0.0f;
+    CUDA_CHECK(cudaMemcpy(par, ones.data(), sizeof(float) * 2 * Cs, cudaMemcpyHostToDevice));
+    auto lnf = [&] {
+      residual_layernorm_forward_cuda(DTYPE_BF16, xo, lo, st2, st2 + Ns, xs, br, nullptr, scale, par,
+                                      par + Cs, &m, B, Ls, Cs, stream);
+    };
+    const double two = median_us(stream, [&] {
+      linear_hopper_gelu_forward_tile(br, pre, w2, b2, Ns, HID, Cs, Cs, stream);
+      lnf();
+    });
+    const double ln_alone = median_us(stream, lnf);
+    const double one = median_us(stream, [&] {
+      linear_hopper_gelu_residual_layernorm_cuda(xo, lo, st2, st2 + Ns, xs, pre, w2, b2, scale, par,
+                                                 par + Cs, &m, B, Ls, HID, Cs, stream);
+    });
+    const double fbytes = 2.0 * (double)Ns * HID + 6.0 * (double)ns + 8.0 * (double)Ns;
+    printf("  stage %d (N %lld, %d -> %d): fc2 + residual LN %8.1f us (LN alone %.1f); fused "
+           "%8.1f us %5.2f TB/s (%.3f)\n",
+           st, (long long)Ns, HID, Cs, two, ln_alone, one, tb_per_s(fbytes, one), one / two);
+    void *bb[] = {pre, xs, w2, b2, br, xo, lo, st2, par};
+    for (void *p : bb) CUDA_CHECK(cudaFree(p));
+  }
+  CUDA_CHECK(cudaFree(scale));
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -414,7 +521,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_gemm: no CUDA device\n");
     return 1;
   }
-  bool small_k = argc == 1, hopper = argc == 1, dgelu = argc == 1, mlp = argc == 1;
+  bool small_k = argc == 1, hopper = argc == 1, dgelu = argc == 1, mlp = argc == 1,
+       resln = argc == 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "small_k"))
       small_k = true;
@@ -424,8 +532,11 @@ int main(int argc, char **argv) {
       dgelu = true;
     else if (!strcmp(argv[i], "mlp"))
       mlp = true;
+    else if (!strcmp(argv[i], "resln"))
+      resln = true;
     else {
-      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper, dgelu, mlp)\n", argv[i]);
+      fprintf(stderr, "bench_gemm: unknown table %s (small_k, hopper, dgelu, mlp, resln)\n",
+              argv[i]);
       return 2;
     }
   }
@@ -437,6 +548,7 @@ int main(int argc, char **argv) {
   if (hopper) hopper_table(g, tuned, stream);
   if (dgelu) dgelu_table(tuned, stream);
   if (mlp) mlp_table(g, stream);
+  if (resln) resln_table(g, stream);
   gemm_context_destroy(tuned);
   gemm_context_destroy(g);
   CUDA_CHECK(cudaStreamDestroy(stream));

@@ -8,11 +8,12 @@
 //      with the right arguments runs to its end there (the negative control: the check is what
 //      aborts).
 //   2. A tiny Swin (patch merging, shifted windows, drop path, qkv bias, layer decay, a moving
-//      average of the weights) trains two steps the way the trainer queues them (normalize,
-//      mixup, forward, loss, backward, optimizer, average) and evaluates the weights and the
-//      average (swapped in and back): every pointer of an op that takes only model and optimizer
-//      memory lies in a registered region (the registration is complete), the batch's pointers are
-//      exactly the unchecked ones, and the checked table computes the same bits as the backend's
+//      average of the weights; in V1 each stage's first block recomputed) trains two steps the
+//      way the trainer queues them (normalize, mixup, forward, loss, backward, optimizer,
+//      average) and evaluates the weights and the average (swapped in and back): every pointer
+//      of an op that takes only model and optimizer memory lies in a registered region (the
+//      registration is complete), the batch's pointers are exactly the unchecked ones, and the
+//      checked table computes the same bits as the backend's
 //      own. The ops of the other Swin version are not called at all: the test trains a V1
 //      and a V2 model, and each op must run, checked, in at least one of them.
 //   3. What the model and the optimizer register, they unregister when destroyed.
@@ -300,11 +301,14 @@ static BatchPointers batch_pointers(const char *op) {
   return (BatchPointers){0, false};
 }
 
-// The ops only one Swin version calls: V1's merge with its LayerNorm first; V2's res-post-norm,
-// plain merge, cosine q / k and position-bias MLP. A model of the other version must not call
-// them (their wrappers' checks are exercised by the violations above and by the other model).
+// The ops only one Swin version calls: V1's merge with its LayerNorm first, its proj + LN2 and
+// its MLP + residual; V2's res-post-norm, plain merge, cosine q / k and position-bias MLP. A
+// model of the other version must not call them (their wrappers' checks are exercised by the
+// violations above and by the other model).
 static int op_version(const char *op) {
-  static const char *const v1[] = {"merge_layernorm_forward", "merge_layernorm_backward"};
+  static const char *const v1[] = {"merge_layernorm_forward", "merge_layernorm_backward",
+                                   "linear_residual_layernorm_forward",
+                                   "mlp_residual_layernorm_forward"};
   static const char *const v2[] = {"postnorm_residual_forward",
                                    "postnorm_residual_backward",
                                    "patch_merge_forward",
@@ -408,7 +412,12 @@ int main(void) {
   // A V1 and a V2 model: every checked op runs, checked, in one of them, and only the batch's
   // pointers go unchecked.
   int ran[64] = {0}, complete = 0;
-  test_training_checked(&be, &c, ran);
+  // The V1 model rebuilds each stage's first block in the backward (train.recompute 1): the only
+  // V1 caller of mlp_forward, its forward running each MLP with the residual after it.
+  Config v1 = c;
+  v1.recompute = 1;
+  if (config_validate(&v1, &err) != 0) test_check(0, "V1 config: %s", err.msg);
+  test_training_checked(&be, &v1, ran);
   Config v2 = c;
   v2.version = 2;
   if (config_validate(&v2, &err) != 0) test_check(0, "V2 config: %s", err.msg);

@@ -32,12 +32,21 @@
 //   and against the CPU's linear_forward_cpu(gelu_forward_cpu(pre)); Swin-T's four fc2 shapes
 //   with N = 77 and 4099, a K that is not a multiple of 64 with a partial column tile, each tile
 //   width, and no bias.
+// linear_small_k_residual_layernorm_cuda, the small-K layer with the residual + LayerNorm forward
+//   in its epilogue: x_out, ln_out, mean and rstd bitwise the layer followed by
+//   residual_layernorm_forward_cuda (its definition, run on the GPU) on Swin-T's stage-0 map of 2
+//   and 16 images, a ragged last tile, and an unshifted map without drop path or bias.
+// linear_hopper_gelu_residual_layernorm_cuda, the MLP's second layer with the residual +
+//   LayerNorm forward in its epilogue: the same bitwise check against
+//   linear_hopper_gelu_forward_tile (width C) followed by residual_layernorm_forward_cuda, for C 96, 128
+//   and 192, LN into shifted windows, in token order, or absent (a stage's end).
 // Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 
 typedef struct {
   int IC, OC;
@@ -89,6 +98,11 @@ static uint16_t *download_bits(const void *d, int64_t n) {
   CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(b, d, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost));
   return b;
+}
+static float *upload_f32(const float *x, int64_t n) {
+  float *d = gpu_alloc(sizeof(float) * (size_t)n);
+  CUDA_CHECK(cudaMemcpy(d, x, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+  return d;
 }
 static void *poisoned_bf16(int64_t n) {
   void *d = gpu_alloc(sizeof(uint16_t) * (size_t)n);
@@ -501,6 +515,167 @@ static void check_hopper_dgelu_dweight(TestRng *rng) {
   check_dgelu(50000, 384, 96, 0, true, true, rng);
 }
 
+// ---- the layers with the residual + LayerNorm forward in their epilogue ---------------------
+// Each case runs the fused kernel and its definition on the GPU (the layer into a branch buffer,
+// then residual_layernorm_forward_cuda) and compares x_out, ln_out (bf16) and mean, rstd (f32)
+// bitwise (the CPU comparison is test_gpu_ops's rows). What the cases share: B images of H x H
+// tokens of C features, residual rows with offsets of their own (means far from 0 in some), the
+// LayerNorm's parameters, drop-path scales (0 for every third image) or none, and both runs'
+// outputs, all bytes 0xFF to start.
+typedef struct {
+  int B, C;
+  int64_t L, N, n;
+  bool ln;  // ln_out asked for (else the residual alone: ln_out NULL)
+  float *x, *lnw, *lnb, *sc;
+  void *d_x, *d_branch;
+  float *d_lnw, *d_lnb, *d_sc;
+  void *out[2][2];     // [definition, fused][x_out, ln_out]
+  float *stats[2][2];  // [definition, fused][mean, rstd]
+} ResLnRun;
+
+static void resln_setup(ResLnRun *r, int B, int H, int C, bool ln, bool scaled, TestRng *rng) {
+  *r = (ResLnRun){.B = B, .C = C, .L = (int64_t)H * H, .ln = ln};
+  r->N = B * r->L;
+  r->n = r->N * C;
+  r->x = test_alloc_floats(r->n);
+  for (int64_t i = 0; i < r->N; i++) {
+    float offset = test_rng_uniform(rng, -2.0f, 2.0f);
+    test_fill_uniform(rng, r->x + i * C, C, offset - 1.0f, offset + 1.0f);
+  }
+  r->lnw = test_alloc_floats(C);
+  r->lnb = test_alloc_floats(C);
+  r->sc = test_alloc_floats(B);
+  test_fill_uniform(rng, r->lnw, C, 0.5f, 1.5f);
+  test_fill_uniform(rng, r->lnb, C, -0.5f, 0.5f);
+  for (int i = 0; i < B; i++) r->sc[i] = i % 3 == 1 ? 0.0f : 1.0f / 0.9f;
+  r->d_x = upload_bf16(r->x, r->n);
+  r->d_lnw = upload_f32(r->lnw, C);
+  r->d_lnb = upload_f32(r->lnb, C);
+  r->d_sc = scaled ? upload_f32(r->sc, B) : NULL;
+  r->d_branch = poisoned_bf16(r->n);
+  for (int k = 0; k < 2; k++) {
+    r->out[k][0] = poisoned_bf16(r->n);
+    r->out[k][1] = ln ? poisoned_bf16(r->n) : NULL;
+    for (int j = 0; j < 2; j++) {
+      r->stats[k][j] = gpu_alloc(sizeof(float) * (size_t)r->N);
+      gpu_poison(r->stats[k][j], r->N);
+    }
+  }
+}
+
+// The two runs' outputs compared (without LN, mean and rstd must stay as poisoned), then freed.
+static void resln_compare_free(ResLnRun *r, const char *ctx) {
+  CUDA_CHECK(cudaGetLastError());
+  const char *names[2] = {"x_out", "ln_out"};
+  for (int j = 0; j < (r->ln ? 2 : 1); j++) {
+    uint16_t *want = download_bits(r->out[0][j], r->n), *got = download_bits(r->out[1][j], r->n);
+    int64_t poisoned = 0;
+    for (int64_t i = 0; i < r->n; i++) poisoned += want[i] == 0xFFFFu;
+    test_check(poisoned == 0, "%s: the definition wrote every %s element (%lld left)", ctx,
+               names[j], (long long)poisoned);
+    check_same_bits(ctx, names[j], got, want, r->N, r->C);
+    free(want);
+    free(got);
+  }
+  const char *snames[2] = {"mean", "rstd"};
+  for (int j = 0; j < 2; j++) {
+    float *want = test_alloc_floats(r->N), *got = test_alloc_floats(r->N);
+    gpu_download(want, r->stats[0][j], r->N);
+    gpu_download(got, r->stats[1][j], r->N);
+    bool same = memcmp(want, got, sizeof(float) * (size_t)r->N) == 0;
+    if (r->ln)
+      test_check(same && isfinite(got[r->N - 1]), "%s: %s bitwise equal (%lld values)", ctx,
+                 snames[j], (long long)r->N);
+    else
+      test_check(same, "%s: %s untouched without LN", ctx, snames[j]);
+    free(want);
+    free(got);
+  }
+  void *bufs[] = {r->d_x,        r->d_branch,   r->d_lnw,      r->d_lnb,      r->d_sc,
+                  r->out[0][0],  r->out[0][1],  r->out[1][0],  r->out[1][1],  r->stats[0][0],
+                  r->stats[0][1], r->stats[1][0], r->stats[1][1]};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
+  free(r->x);
+  free(r->lnw);
+  free(r->lnb);
+  free(r->sc);
+}
+
+// linear_small_k_residual_layernorm_cuda (C = 96): the definition is linear_small_k_forward_cuda
+// then the residual LayerNorm with the branch in the windows of side `window` shifted by `shift`,
+// LN2 in token order.
+static void check_residual_ln(int B, int H, int window, int shift, bool scaled, bool with_bias,
+                              TestRng *rng) {
+  char ctx[160];
+  snprintf(ctx, sizeof ctx, "linear_small_k_residual_layernorm B=%d %dx%d window %d shift %d (%s, %s)",
+           B, H, H, window, shift, scaled ? "drop path" : "scale NULL",
+           with_bias ? "bias" : "no bias");
+  ResLnRun r;
+  resln_setup(&r, B, H, 96, true, scaled, rng);
+  const int C = r.C;
+  const int64_t nw = (int64_t)C * C;
+  const float ws = 1.0f / sqrtf((float)C);  // the layer's outputs ~1
+  float *inp = test_random_act(rng, DTYPE_BF16, r.n, -1.0f, 1.0f);
+  float *w = test_random_act(rng, DTYPE_BF16, nw, -ws, ws);
+  float *b = test_random_act(rng, DTYPE_BF16, C, -0.5f, 0.5f);
+  void *d_inp = upload_bf16(inp, r.n), *d_w = upload_bf16(w, nw),
+       *d_b = with_bias ? upload_bf16(b, C) : NULL;
+  const WindowMap map = {H, H, window, window, shift, shift};
+  linear_small_k_forward_cuda(r.d_branch, NULL, d_inp, d_w, d_b, r.N, C, C, 0);
+  residual_layernorm_forward_cuda(DTYPE_BF16, r.out[0][0], r.out[0][1], r.stats[0][0],
+                                  r.stats[0][1], r.d_x, r.d_branch, &map, r.d_sc, r.d_lnw, r.d_lnb,
+                                  NULL, B, r.L, C, 0);
+  linear_small_k_residual_layernorm_cuda(r.out[1][0], r.out[1][1], r.stats[1][0], r.stats[1][1],
+                                         r.d_x, d_inp, &map, r.d_sc, d_w, d_b, r.d_lnw, r.d_lnb, B,
+                                         r.L, C, C, 0);
+  resln_compare_free(&r, ctx);
+  void *bufs[] = {d_inp, d_w, d_b};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
+  free(inp);
+  free(w);
+  free(b);
+}
+
+// linear_hopper_gelu_residual_layernorm_cuda (4C hidden -> C): the definition is
+// linear_hopper_gelu_forward_tile at width C then the residual LayerNorm with the branch in token
+// order and LN into the windows of side `window` shifted by `shift`, or the residual alone.
+static void check_hopper_residual_ln(int B, int H, int C, int window, int shift, bool ln,
+                                     bool scaled, TestRng *rng) {
+  char ctx[200];
+  snprintf(ctx, sizeof ctx,
+           "linear_hopper_gelu_residual_layernorm B=%d %dx%d C=%d %s (window %d shift %d, %s)", B,
+           H, H, C, ln ? "LN" : "residual alone", window, shift, scaled ? "drop path" : "no scale");
+  if (!linear_hopper_gelu_residual_layernorm_supported(4 * C, C)) {
+    printf("SKIP %s: not served on this device/build\n", ctx);
+    return;
+  }
+  ResLnRun r;
+  resln_setup(&r, B, H, C, ln, scaled, rng);
+  const int HID = 4 * C;
+  const int64_t nh = r.N * HID, nw = (int64_t)C * HID;
+  const float ws = 1.0f / sqrtf((float)HID);
+  float *pre = test_random_act(rng, DTYPE_BF16, nh, -3.0f, 3.0f);
+  float *w = test_random_act(rng, DTYPE_BF16, nw, -ws, ws);
+  float *b = test_random_act(rng, DTYPE_BF16, C, -0.5f, 0.5f);
+  void *d_pre = upload_bf16(pre, nh), *d_w = upload_bf16(w, nw), *d_b = upload_bf16(b, C);
+  const WindowMap map = {H, H, window, window, shift, shift};
+  linear_hopper_gelu_forward_tile(r.d_branch, d_pre, d_w, d_b, r.N, HID, C, C, 0);
+  residual_layernorm_forward_cuda(DTYPE_BF16, r.out[0][0], r.out[0][1], r.stats[0][0],
+                                  r.stats[0][1], r.d_x, r.d_branch, NULL, r.d_sc, r.d_lnw, r.d_lnb,
+                                  &map, B, r.L, C, 0);
+  linear_hopper_gelu_residual_layernorm_cuda(r.out[1][0], r.out[1][1], r.stats[1][0],
+                                             r.stats[1][1], r.d_x, d_pre, d_w, d_b, r.d_sc,
+                                             r.d_lnw, r.d_lnb, &map, B, r.L, HID, C, 0);
+  resln_compare_free(&r, ctx);
+  void *bufs[] = {d_pre, d_w, d_b};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
+  free(pre);
+  free(w);
+  free(b);
+}
+
 // The shape query agrees with the header's limits.
 static void check_supported(void) {
   bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
@@ -508,6 +683,10 @@ static void check_supported(void) {
             !linear_small_k_supported(384, 96) && !linear_small_k_supported(96, 100) &&
             !linear_small_k_supported(96, 0);
   test_check(ok, "linear_small_k_supported: IC 96 or 192, OC a positive multiple of 32");
+  test_check(linear_small_k_residual_layernorm_supported(96, 96) &&
+                 !linear_small_k_residual_layernorm_supported(96, 192) &&
+                 !linear_small_k_residual_layernorm_supported(192, 192),
+             "linear_small_k_residual_layernorm_supported: IC = C = 96");
 }
 #endif
 
@@ -528,6 +707,20 @@ int main(void) {
              (SmallKMode){.bias = true, .post = false}, &rng);
   check_case(linear_small_k_forward_cuda, "linear_small_k", 192, 192, 77,
              (SmallKMode){.bias = false, .post = true}, &rng);
+  // Swin-T's stage 0 (2 images: whole tiles), a ragged last tile (196 rows), 2,352 rows
+  // unshifted without scale or bias, and 16 images (two tiles a CTA).
+  check_residual_ln(2, 56, 7, 3, true, true, &rng);
+  check_residual_ln(1, 14, 7, 3, true, true, &rng);
+  check_residual_ln(3, 28, 7, 0, false, false, &rng);
+  check_residual_ln(16, 56, 7, 3, true, true, &rng);
+  // Stage 0 (2 images, LN1 into shifted windows), stage 1's C = 192 (a ragged last tile of
+  // 128 rows: 3 images of 14 x 14), a stage's end (the residual alone), Swin-B's C = 128 with
+  // LN in token order, and 16 images of stage 0 (several tiles a CTA).
+  check_hopper_residual_ln(2, 56, 96, 7, 3, true, true, &rng);
+  check_hopper_residual_ln(3, 14, 192, 7, 3, true, true, &rng);
+  check_hopper_residual_ln(2, 28, 192, 7, 0, false, true, &rng);
+  check_hopper_residual_ln(2, 56, 128, 7, 0, true, false, &rng);
+  check_hopper_residual_ln(16, 56, 96, 7, 0, true, true, &rng);
   check_hopper(&rng);
   check_hopper_dgelu(&rng);
   check_hopper_dgelu_dweight(&rng);

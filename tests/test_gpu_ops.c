@@ -473,6 +473,73 @@ static void run_residual_layernorm_forward(OpRun *r, const void *arg) {
   }
 }
 
+// A block's proj + LN2: the layer (C -> C) from inputs in bmap's window order, its output the
+// residual's branch, LN2 in token order. branch is the op's scratch (not compared: a backend that
+// fuses the two leaves it untouched).
+static void run_linear_residual_layernorm_forward(OpRun *r, const void *arg) {
+  const LnCase *c = arg;
+  const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * c->C;
+  const int64_t nw = (int64_t)c->C * c->C;
+  const float ws = 1.0f / sqrtf((float)c->C);
+  void *x_in = dev_act(r, draw_rows(r, rows, c->C), n);                     // (B, L, C, act)
+  void *inp = dev_act(r, draw_act(r, n, -1.0f, 1.0f), n);                   // (B*L, C, act)
+  void *weight = dev_act(r, draw_act(r, nw, -ws, ws), nw);                  // (C, C, act)
+  void *lin_bias = dev_act(r, draw_act(r, c->C, -0.5f, 0.5f), c->C);        // (C, act)
+  float *scale = c->scale ? dev_f32(r, drop_scales(r, c->B), c->B) : NULL;  // (B)
+  float *ln_weight = dev_f32(r, draw_f32(r, c->C, 0.5f, 1.5f), c->C);
+  float *ln_bias = dev_f32(r, draw_f32(r, c->C, -0.5f, 0.5f), c->C);
+  void *branch = dev_poisoned_act(r, n);                                      // scratch
+  void *x_out = dev_poisoned_act(r, n), *ln_out = dev_poisoned_act(r, n);     // (B, L, C, act)
+  float *mean = dev_poisoned_f32(r, rows), *rstd = dev_poisoned_f32(r, rows);  // (B*L)
+  WindowMap bm = ln_map(c, c->bmap);
+  r->be->ops->linear_residual_layernorm_forward(
+      r->be, x_out, ln_out, mean, rstd, branch, x_in, inp, weight, lin_bias,
+      c->bmap == MAP_NONE ? NULL : &bm, scale, ln_weight, ln_bias, c->B, L, c->C, c->C);
+  result_act(r, "x_out", x_out, n);
+  result_act(r, "ln_out", ln_out, n);
+  result_f32(r, "mean", mean, rows);
+  result_f32(r, "rstd", rstd, rows);
+}
+
+// A block's MLP and the residual after it: the MLP (C -> 4C -> C) on LN2's output, its output
+// the residual's branch, with LN1 into lmap's windows (c->ln) or the residual alone (a stage's
+// end). The MLP's output is scaled to ~0.3 (w2 0.5 / sqrt(H)), a branch smaller than the stream.
+// pre is compared; hidden and branch are the op's (not compared).
+static void run_mlp_residual_layernorm_forward(OpRun *r, const void *arg) {
+  const LnCase *c = arg;
+  const int C = c->C, H = 4 * c->C;
+  const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * C, nh = rows * H;
+  const int64_t nw = (int64_t)H * C;
+  const float ws1 = 3.0f / sqrtf((float)C), ws2 = 0.5f / sqrtf((float)H);
+  void *x_in = dev_act(r, draw_rows(r, rows, C), n);      // (B, L, C, act)
+  void *inp = dev_act(r, draw_act(r, n, -1.0f, 1.0f), n);  // (B*L, C, act): LN2's output
+  void *w1 = dev_act(r, draw_act(r, nw, -ws1, ws1), nw);   // (H, C, act)
+  void *b1 = dev_act(r, draw_act(r, H, -0.5f, 0.5f), H);   // (H, act)
+  void *w2 = dev_act(r, draw_act(r, nw, -ws2, ws2), nw);   // (C, H, act)
+  void *b2 = dev_act(r, draw_act(r, C, -0.1f, 0.1f), C);   // (C, act)
+  float *scale = c->scale ? dev_f32(r, drop_scales(r, c->B), c->B) : NULL;  // (B)
+  float *ln_weight = dev_f32(r, draw_f32(r, C, 0.5f, 1.5f), C);
+  float *ln_bias = dev_f32(r, draw_f32(r, C, -0.5f, 0.5f), C);
+  bool stored = r->be->ops->mlp_hidden_elements(r->be, rows, C, H) > 0;
+  void *hidden = stored ? dev_poisoned_act(r, nh) : NULL;  // (B*L, H, act)
+  void *pre = dev_poisoned_act(r, nh);                     // (B*L, H, act)
+  void *branch = dev_poisoned_act(r, n);                   // scratch
+  void *x_out = dev_poisoned_act(r, n);                    // (B, L, C, act)
+  void *ln_out = c->ln ? dev_poisoned_act(r, n) : NULL;    // (B*L, C, act) in lmap's order
+  float *mean = dev_poisoned_f32(r, rows), *rstd = dev_poisoned_f32(r, rows);  // (B*L)
+  WindowMap lm = ln_map(c, c->lmap);
+  r->be->ops->mlp_residual_layernorm_forward(r->be, x_out, ln_out, mean, rstd, branch, pre, hidden,
+                                             x_in, inp, w1, b1, w2, b2, scale, ln_weight, ln_bias,
+                                             c->lmap == MAP_NONE ? NULL : &lm, c->B, L, C, H);
+  result_act(r, "pre", pre, nh);
+  result_act(r, "x_out", x_out, n);
+  if (ln_out) {
+    result_act(r, "ln_out", ln_out, n);
+    result_f32(r, "mean", mean, rows);
+    result_f32(r, "rstd", rstd, rows);
+  }
+}
+
 static void run_residual_layernorm_backward(OpRun *r, const void *arg) {
   const LnCase *c = arg;
   const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * c->C;
@@ -1148,6 +1215,11 @@ typedef struct {
   &(const LnCase) {                                                       \
     .B = 2, .H = 8, .W = 8, .C = 32, .window = 4, .shift = 2, __VA_ARGS__ \
   }
+// The same with the map's side and the width given (windows of 4 shifted by 2, batch 2).
+#define LN_HC(H_, C_, ...)                                                   \
+  &(const LnCase) {                                                          \
+    .B = 2, .H = H_, .W = H_, .C = C_, .window = 4, .shift = 2, __VA_ARGS__ \
+  }
 
 // Res-post-norm cases on LN's map, batch 2 and width 32 unless given (POST_BC).
 #define POST_BC(B_, C_, ...)                                               \
@@ -1290,6 +1362,70 @@ static const OpRow rows[] = {
      run_residual_layernorm_forward,
      LN(.branch = true, .scale = true, .in_place = true),
      {{"x_out", ROUNDED}}},
+    // The branch is a product the GPU rounds to dt before the residual adds it (the CPU keeps it
+    // in fp32): one rounding more than the rows above on every output. C = 96: Swin-T's stage 0
+    // (in bf16 the small-K layer; 12 x 12 images of 2: 288 rows, the last of 5 tiles of 64
+    // partial).
+    {"linear_residual_layernorm_forward",
+     "proj from shifted windows + LN2, drop path, C=96",
+     run_linear_residual_layernorm_forward,
+     LN_HC(12, 96, .bmap = MAP_SHIFTED, .scale = true),
+     {{"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
+    {"linear_residual_layernorm_forward",
+     "proj from unshifted windows + LN2, no drop path, C=96",
+     run_linear_residual_layernorm_forward,
+     LN_HC(8, 96, .bmap = MAP_PLAIN),
+     {{"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
+    {"linear_residual_layernorm_forward",
+     "token order, C=32 (the two ops)",
+     run_linear_residual_layernorm_forward,
+     LN(.scale = true),
+     {{"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
+    // The branch is the MLP's output, rounded by the GPU at each layer (mlp_forward's
+    // TC_ROUNDED_TWICE), then added to a stream ~3x larger and rounded: the same bound on x_out
+    // and what LN1 makes of it. C = 96, 128 and 192: in bf16 fc2 on the Hopper GEMM with the GELU
+    // in its operand load, where the device is Hopper.
+    {"mlp_residual_layernorm_forward",
+     "MLP + residual + LN1 into shifted windows, drop path, C=96",
+     run_mlp_residual_layernorm_forward,
+     LN_HC(8, 96, .scale = true, .ln = true, .lmap = MAP_SHIFTED),
+     {{"pre", TC_ROUNDED},
+      {"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
+    {"mlp_residual_layernorm_forward",
+     "MLP + residual alone (a stage's end), no drop path, C=192, 12 x 12 tokens",
+     run_mlp_residual_layernorm_forward,
+     LN_HC(12, 192),
+     {{"pre", TC_ROUNDED}, {"x_out", TC_ROUNDED_TWICE}}},
+    {"mlp_residual_layernorm_forward",
+     "MLP + residual + LN in token order (the final norm), C=128",
+     run_mlp_residual_layernorm_forward,
+     LN_HC(8, 128, .scale = true, .ln = true),
+     {{"pre", TC_ROUNDED},
+      {"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
+    {"mlp_residual_layernorm_forward",
+     "C=32 (the two ops)",
+     run_mlp_residual_layernorm_forward,
+     LN(.scale = true, .ln = true, .lmap = MAP_PLAIN),
+     {{"pre", TC_ROUNDED},
+      {"x_out", TC_ROUNDED_TWICE},
+      {"ln_out", TC_ROUNDED_TWICE},
+      {"mean", TC_ROUNDED_TWICE},
+      {"rstd", TC_ROUNDED_TWICE}}},
     // Gradients in fp32 from the same inputs; dbranch stored once in dt; its column sums are
     // those of the stored values on the GPU, so they carry its roundings (random signs: u).
     {"residual_layernorm_backward",

@@ -47,6 +47,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/layernorm_register.cuh"
 #include "kernels/gemm.h"
 #include "src/base/cuda_util.h"
 
@@ -57,7 +58,33 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBK = 64;
 // What the kernel computes around the product (linear_hopper_kernel says what each means).
-enum Mode : int { kPlain, kBackwardGelu, kGeluInput, kBackwardGeluDweight };
+enum Mode : int { kPlain, kBackwardGelu, kGeluInput, kBackwardGeluDweight, kGeluInputResLn };
+
+// kGeluInputResLn's residual and LayerNorm (linear_hopper_gelu_residual_layernorm_cuda): x_out,
+// x_in (bf16, token order), ln_out (bf16, rows in lmap's order, or NULL: the residual alone),
+// mean and rstd (token order), scale (per image, or NULL), weight and bias (f32); images of L
+// tokens (bmap: token order, for the image of a row).
+struct ResLn {
+  bf16 *x_out, *ln_out;
+  float *mean, *rstd;
+  const bf16 *x_in;
+  const float *scale, *weight, *bias;
+  swin_cuda::layernorm::RowMap bmap, lmap;
+  int64_t L;
+};
+
+// The LayerNorm forward's row layout for rows of C bf16 elements (layernorm_register.cuh's
+// reg_shape with exact_fit): LANES lanes a row, VECS 16-byte vectors a lane; over a consumer's 64
+// rows, 4 warps at a time.
+template <int C>
+struct LnRows {
+  static constexpr int kLanes = C == 192 ? 8 : 4;
+  static constexpr int kVecs = C / 8 / kLanes;
+  static constexpr int kRowsPerWarp = 32 / kLanes;
+  static constexpr int kRowsPerPass = 4 * kRowsPerWarp;
+  static constexpr int kPasses = 64 / kRowsPerPass;
+  static_assert(kVecs * kLanes * 8 == C && (kVecs == 3 || kVecs == 4), "an exact fit");
+};
 constexpr int kConsumers = 2;                     // warpgroups, 64 rows of the tile each
 constexpr int kThreads = (kConsumers + 1) * 128;  // the producer warpgroup first
 
@@ -267,6 +294,10 @@ struct Wgmma<256> {
 // kGeluInput, the MLP's second layer: as kPlain with GELU(A) in place of A, each consumer
 // applying the GELU forward's device function to its rows of every A slab in shared memory
 // (rounded to bf16: bitwise the GELU pass's output) before its wgmma read them.
+// kGeluInputResLn (BN = N: 96, 128 or 192): as kGeluInput, but the output (rounded to bf16, as
+// kGeluInput stores it) is a residual branch that never goes to memory: x_out = x_in + scale
+// out, and with ln_out LN(x_out) into ln_out's rows, by the residual LayerNorm forward's row
+// code (layernorm_register.cuh; bitwise residual_layernorm_forward_cuda of kGeluInput's output).
 // kBackwardGelu, the MLP backward (bias NULL): g = A B^T rounded to bf16 (d(hidden)), then from
 // x = gelu_in (M, N), the pre-activation: post = GELU(x) and pre = g GELU'(x) (d(pre)), both
 // as gelu_recompute_backward_cuda computes them; with partial not NULL, also this CTA's column
@@ -286,12 +317,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap map_b, bf16 *__restrict__ pre,
                          bf16 *__restrict__ post, const bf16 *__restrict__ bias,
                          const bf16 *__restrict__ gelu_in, float *__restrict__ partial,
-                         float *__restrict__ dw_partial, int M, int N, int K) {
+                         float *__restrict__ dw_partial, const ResLn rl, int M, int N, int K) {
 #if defined(SWIN_HOPPER_GEMM) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTile<BN>;
   constexpr int S = T::kStages;
   constexpr bool DWEIGHT = MODE == kBackwardGeluDweight;
   constexpr bool DGELU = MODE == kBackwardGelu || DWEIGHT;
+  constexpr bool RESLN = MODE == kGeluInputResLn;
+  using LR = LnRows<RESLN ? BN : 96>;
   static_assert(!DWEIGHT || (BN == 2 * 64 && CH >= 1 && CH <= S),
                 "the weight-gradient product: one 64-column block per consumer, the tile's "
                 "slabs all in the ring");
@@ -366,6 +399,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   : make_uint4(0, 0, 0, 0);
       }
     }
+    // The residual's rows, loaded now for the epilogue likewise (the row layout of LnRows).
+    int4 xres[RESLN ? LR::kPasses : 1][LR::kVecs];
+    if constexpr (RESLN) {
+#pragma unroll
+      for (int p = 0; p < LR::kPasses; p++) {
+        const int gr = m0 + row_slab + p * LR::kRowsPerPass + warp * LR::kRowsPerWarp +
+                       lane / LR::kLanes;
+        const bf16 *xi = rl.x_in + (int64_t)(gr < M ? gr : 0) * BN;
+#pragma unroll
+        for (int k = 0; k < LR::kVecs; k++)
+          xres[p][k] = __ldg(
+              reinterpret_cast<const int4 *>(xi + (k * LR::kLanes + lane % LR::kLanes) * 8));
+      }
+    }
     // The mainloop: a slab's four products are committed as one group; once the group before
     // it has finished, that slab's stage goes back to the producer (with the weight gradient,
     // only after the tile's second product).
@@ -374,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bar_wait(&full[s], (it / S) & 1);
       uint8_t *a = smem + s * T::kStageBytes + row_slab * 128;
       const uint8_t *b = smem + s * T::kStageBytes + T::kABytes;
-      if constexpr (MODE == kGeluInput) {
+      if constexpr (MODE == kGeluInput || RESLN) {
         // This consumer's 64 rows of the slab (8 KB, contiguous: the swizzle permutes within
         // rows) through GELU in place; elementwise, so the swizzled order does not matter. The
         // proxy fence makes the writes visible to wgmma's reads (the async proxy).
@@ -489,6 +536,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         for (int k = 0; k < slabs; k++) bar_arrive(&empty[(it - slabs + k) % S]);
       }
+    } else if constexpr (RESLN) {
+      namespace ln = swin_cuda::layernorm;
+#pragma unroll
+      for (int p = 0; p < LR::kPasses; p++) {
+        const int r = p * LR::kRowsPerPass + warp * LR::kRowsPerWarp + lane / LR::kLanes;
+        const int sl = lane % LR::kLanes;
+        const int gr = m0 + row_slab + r;
+        const bool active = gr < M;  // inactive rows still take part in the shuffles
+        const int64_t row = active ? gr : 0;
+        const float sc = rl.scale ? rl.scale[ln::image_of(rl.bmap, row, rl.L)] : 1.0f;
+        int4(&raw)[LR::kVecs] = xres[p];
+#pragma unroll
+        for (int k = 0; k < LR::kVecs; k++) {
+          const int col = (k * LR::kLanes + sl) * 8;
+          float v[8], bv[8];
+          ln::unpack_vec<bf16, 8>(v, raw[k]);
+          load_vec<bf16, 8>(bv, &staged[r * T::kOutPitch + col]);
+          ln::residual_add_vec<bf16, 8>(v, bv, sc);
+          raw[k] = ln::pack_vec<bf16, 8>(v);
+          if (active) *reinterpret_cast<int4 *>(rl.x_out + row * BN + col) = raw[k];
+        }
+        if (!rl.ln_out) continue;
+        float mu, rs;
+        ln::row_stats_raw<bf16, 8, LR::kVecs, LR::kLanes>(raw, BN, sl, &mu, &rs);
+        if (!active) continue;
+        bf16 *y = rl.ln_out + ln::mapped_row(rl.lmap, row, rl.L) * BN;
+#pragma unroll
+        for (int k = 0; k < LR::kVecs; k++) {
+          const int col = (k * LR::kLanes + sl) * 8;
+          float v[8], yv[8];
+          ln::unpack_vec<bf16, 8>(v, raw[k]);
+          ln::normalize_vec<8>(yv, v, mu, rs, rl.weight + col, rl.bias + col);
+          store_vec<bf16, 8>(y + col, yv);
+        }
+        if (sl == 0) {
+          rl.mean[row] = mu;
+          rl.rstd[row] = rs;
+        }
+      }
     } else {
       for (int v = t; v < 64 * kVecs; v += 128) {
         const int row = v / kVecs, col = v % kVecs * 8;
@@ -591,6 +677,7 @@ struct Product {
   float *partial, *dw_partial;
   int64_t N;
   int K, OC;
+  ResLn rl;  // kGeluInputResLn's
 };
 
 int64_t column_tiles(int OC, int width) {
@@ -632,7 +719,7 @@ void launch(const Product &p, cudaStream_t stream) {
   linear_hopper_kernel<BN, MODE, CH><<<grid, kThreads, smem, stream>>>(
       a, b, static_cast<bf16 *>(p.pre), static_cast<bf16 *>(p.post),
       static_cast<const bf16 *>(p.bias), static_cast<const bf16 *>(p.gelu_in), p.partial,
-      p.dw_partial, (int)p.N, p.OC, p.K);
+      p.dw_partial, p.rl, (int)p.N, p.OC, p.K);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -766,7 +853,7 @@ void dgelu(const char *fn, void *dpre, void *hidden, float *dweight, float *dpre
   bf16 *wt = reinterpret_cast<bf16 *>(scratch);
   float *sums = scratch + transposed_floats(IC, OC), *blocks = sums + sums_floats(IC);
   const Product p = {dpre,    hidden, dout, wt, nullptr, pre, dpre_sums ? sums : nullptr,
-                     dweight ? blocks : nullptr, N, OC, IC};
+                     dweight ? blocks : nullptr, N, OC, IC, {}};
   check_product(fn, p);
   if (!scratch || (uintptr_t)scratch % 16 != 0) {
     fprintf(stderr, "%s: scratch missing or not 16-byte aligned\n", fn);
@@ -815,7 +902,7 @@ bool linear_hopper_supported(int IC, int OC) {
 void linear_hopper_forward_tile(void *pre, void *post, const void *inp, const void *weight,
                                 const void *bias, int64_t N, int IC, int OC, int tile,
                                 cudaStream_t stream) {
-  const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, nullptr, N, IC, OC};
+  const Product p = {pre, post, inp, weight, bias, nullptr, nullptr, nullptr, N, IC, OC, {}};
   check_product("linear_hopper_forward_cuda", p);
   if (N <= 0) return;
   launch_at_width<kPlain>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
@@ -830,7 +917,7 @@ void linear_hopper_forward_cuda(void *pre, void *post, const void *inp, const vo
 void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *weight,
                                      const void *bias, int64_t N, int IC, int OC, int tile,
                                      cudaStream_t stream) {
-  const Product p = {out, nullptr, pre, weight, bias, nullptr, nullptr, nullptr, N, IC, OC};
+  const Product p = {out, nullptr, pre, weight, bias, nullptr, nullptr, nullptr, N, IC, OC, {}};
   check_product("linear_hopper_gelu_forward_cuda", p);
   if (N <= 0) return;
   launch_at_width<kGeluInput>(p, tile ? tile : default_tile(N, OC, sm_count(), 256),
@@ -841,6 +928,47 @@ void linear_hopper_gelu_forward_cuda(void *out, const void *pre, const void *wei
                                      const void *bias, int64_t N, int IC, int OC,
                                      cudaStream_t stream) {
   linear_hopper_gelu_forward_tile(out, pre, weight, bias, N, IC, OC, 0, stream);
+}
+
+bool linear_hopper_gelu_residual_layernorm_supported(int IC, int C) {
+  return (C == 96 || C == 128 || C == 192) && linear_hopper_supported(IC, C);
+}
+
+void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean,
+                                                float *rstd, const void *x_in, const void *pre,
+                                                const void *weight, const void *bias,
+                                                const float *scale, const float *ln_weight,
+                                                const float *ln_bias, const WindowMap *ln_map,
+                                                int B, int64_t L, int IC, int C,
+                                                cudaStream_t stream) {
+  const char *fn = "linear_hopper_gelu_residual_layernorm_cuda";
+  const int64_t N = (int64_t)B * L;
+  Product p = {nullptr, nullptr, pre, weight, bias, nullptr, nullptr, nullptr, N, IC, C, {}};
+  check_product(fn, p);
+  const bool aligned = aligned16(x_out) && aligned16(x_in) && aligned16(ln_out);
+  if (!linear_hopper_gelu_residual_layernorm_supported(IC, C) || !aligned || x_out == x_in ||
+      N < 0 || N > INT32_MAX) {
+    fprintf(stderr,
+            "%s: unsupported call (IC %d, C %d, B * L %lld, x_out / x_in / ln_out 16-byte "
+            "aligned: %s, x_out aliasing x_in: %s)\n"
+            "HINT: the caller must check linear_hopper_gelu_residual_layernorm_supported and the "
+            "pointers, and compose linear_hopper_gelu_forward_cuda and "
+            "residual_layernorm_forward_cuda otherwise\n",
+            fn, IC, C, (long long)N, aligned ? "yes" : "no", x_out == x_in ? "yes" : "no");
+    abort();
+  }
+  if (N == 0) return;
+  p.rl = {static_cast<bf16 *>(x_out), static_cast<bf16 *>(ln_out), mean, rstd,
+          static_cast<const bf16 *>(x_in), scale, ln_weight, ln_bias,
+          layernorm::row_map(nullptr, L, N), layernorm::row_map(ln_map, L, N), L};
+  switch (C) {
+    case 96:
+      return launch<96, kGeluInputResLn>(p, stream);
+    case 128:
+      return launch<128, kGeluInputResLn>(p, stream);
+    default:
+      return launch<192, kGeluInputResLn>(p, stream);
+  }
 }
 
 int64_t linear_hopper_dgelu_scratch(int64_t N, int IC, int OC) {

@@ -38,6 +38,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/layernorm_register.cuh"
 #include "kernels/gemm.h"
 #include "src/base/cuda_util.h"
 
@@ -203,6 +204,150 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- the layer with the residual and LayerNorm after it -------------------------------------
+// linear_small_k_residual_layernorm_cuda (kernels/gemm.h): a block's proj + [x1 = x + s proj; LN2]
+// in stage 0 (C = 96). The CTA's tile is 64 tokens in token order x all C output features, its
+// input rows gathered from the window order (imap), so the epilogue holds whole rows: it stages
+// the tile (+ bias, rounded to bf16: the values the plain layer stores) across the CTA, then runs
+// the residual + LayerNorm forward's row code (layernorm_register.cu) on them, 4 lanes a row,
+// 3 vectors a lane, as that kernel does for C = 96; the same functions in the same order, so
+// x_out, ln_out, mean and rstd are bitwise what the layer followed by
+// residual_layernorm_forward_cuda gives. The branch never goes to memory: 2 x 77 MB a call less
+// at Swin-T's batch 128 (kernels/PERF.md, version 24).
+constexpr int kFusedC = 96;
+constexpr int kFusedLanes = 4;                                  // lanes a row
+constexpr int kFusedVecs = kFusedC / (8 * kFusedLanes);         // 16-byte vectors a lane
+constexpr int kFusedRowsPerPass = 32 / kFusedLanes;             // rows a warp a pass
+constexpr int kFusedPasses = kRows / kWarps / kFusedRowsPerPass;  // passes a warp a tile
+constexpr int kFusedLdStage = kFusedC + kPad;                   // the CTA's staged rows
+static_assert(kFusedVecs * 8 * kFusedLanes == kFusedC, "whole vectors a lane");
+static_assert(kRows * kFusedLdStage <= kWarps * SmallKLayout<kFusedC, kFusedC>::kStageElems,
+              "the CTA's tile fits the warps' staging tiles");
+
+// copy_rows_async for the rows first .. first + rows - 1 of a gathered input: row t of the tile
+// comes from row mapped_row(imap, t, L) of src; rows at or past N read row N - 1's source.
+template <int IC, int LD>
+__device__ __forceinline__ void copy_mapped_rows_async(bf16 *tile, const bf16 *__restrict__ src,
+                                                       int64_t first, int rows, int64_t N,
+                                                       const layernorm::RowMap &imap,
+                                                       int64_t L) {
+  constexpr int kChunks = IC / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const int64_t t = first + r < N ? first + r : N - 1;
+    cp_async16(tile + r * LD + c, src + layernorm::mapped_row(imap, t, L) * IC + c);
+  }
+}
+
+// Grid and shared memory as linear_small_k_kernel<96, 96> (one slice).
+__global__ void __launch_bounds__(kThreads)
+    linear_small_k_residual_ln_kernel(bf16 *__restrict__ x_out, bf16 *__restrict__ ln_out,
+                                      float *__restrict__ mean, float *__restrict__ rstd,
+                                      const bf16 *__restrict__ x_in, const bf16 *__restrict__ inp,
+                                      layernorm::RowMap imap, const float *__restrict__ scale,
+                                      const bf16 *__restrict__ weight,
+                                      const bf16 *__restrict__ bias,
+                                      const float *__restrict__ ln_weight,
+                                      const float *__restrict__ ln_bias, int64_t N, int64_t L,
+                                      int64_t groups) {
+  constexpr int C = kFusedC;
+  using Lay = SmallKLayout<C, C>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *w_tile = reinterpret_cast<bf16 *>(smem);
+  bf16 *in_tiles = w_tile + Lay::kWeightElems;
+  bf16 *stage = in_tiles + 2 * Lay::kInputElems;  // (64, C) padded, the whole CTA's
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int sl = lane % kFusedLanes;
+  const int64_t tiles = (N + kRows - 1) / kRows;
+  const int warp_row = (warp / 2) * kWarpRows, warp_col = (warp % 2) * Lay::kWarpCols;
+
+  float bias_v[Lay::kNTiles][2];
+#pragma unroll
+  for (int nj = 0; nj < Lay::kNTiles; nj++)
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+      bias_v[nj][e] = bias ? to_float<bf16>(bias[warp_col + nj * 8 + 2 * t4 + e]) : 0.0f;
+
+  const int64_t group = blockIdx.x;
+  copy_rows_async<C, Lay::kLd>(w_tile, weight, C, C);
+  if (group < tiles)
+    copy_mapped_rows_async<C, Lay::kLd>(in_tiles, inp, group * kRows, kRows, N, imap, L);
+  cp_async_commit();
+
+  int buf = 0;
+  for (int64_t tile = group; tile < tiles; tile += groups, buf ^= 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // the tile has landed; every warp is done with the other buffer and stage
+    const int64_t next = tile + groups;
+    if (next < tiles)
+      copy_mapped_rows_async<C, Lay::kLd>(in_tiles + (buf ^ 1) * Lay::kInputElems, inp,
+                                          next * kRows, kRows, N, imap, L);
+    cp_async_commit();
+
+    // The residual rows this lane will need, loaded now so that the products hide their latency.
+    int4 xr[kFusedPasses][kFusedVecs];
+#pragma unroll
+    for (int p = 0; p < kFusedPasses; p++) {
+      const int64_t t = tile * kRows + warp * (kRows / kWarps) + p * kFusedRowsPerPass +
+                        lane / kFusedLanes;
+      const bf16 *xi = x_in + (t < N ? t : 0) * C;
+#pragma unroll
+      for (int k = 0; k < kFusedVecs; k++)
+        xr[p][k] = *reinterpret_cast<const int4 *>(xi + (k * kFusedLanes + sl) * 8);
+    }
+
+    float acc[2][Lay::kNTiles][4] = {};
+    warp_product<C, C>(acc, in_tiles + buf * Lay::kInputElems, w_tile, warp_row, warp_col, lane);
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+      for (int nj = 0; nj < Lay::kNTiles; nj++) {
+        bf16 *st = stage + (warp_row + mi * 16 + g) * kFusedLdStage + warp_col + nj * 8 + 2 * t4;
+        const float *c = acc[mi][nj];
+        *reinterpret_cast<uint32_t *>(st) = pack2<bf16>(c[0] + bias_v[nj][0], c[1] + bias_v[nj][1]);
+        *reinterpret_cast<uint32_t *>(st + 8 * kFusedLdStage) =
+            pack2<bf16>(c[2] + bias_v[nj][0], c[3] + bias_v[nj][1]);
+      }
+    __syncthreads();  // the whole tile is staged
+
+#pragma unroll
+    for (int p = 0; p < kFusedPasses; p++) {
+      const int r = warp * (kRows / kWarps) + p * kFusedRowsPerPass + lane / kFusedLanes;
+      const int64_t t = tile * kRows + r;
+      const bool active = t < N;  // inactive rows still take part in the shuffles
+      const int64_t row = active ? t : 0;
+      const float s = scale ? scale[layernorm::image_of(imap, row, L)] : 1.0f;
+      int4 (&raw)[kFusedVecs] = xr[p];
+#pragma unroll
+      for (int k = 0; k < kFusedVecs; k++) {
+        const int c = (k * kFusedLanes + sl) * 8;
+        float v[8], bv[8];
+        layernorm::unpack_vec<bf16, 8>(v, raw[k]);
+        load_vec<bf16, 8>(bv, stage + r * kFusedLdStage + c);
+        layernorm::residual_add_vec<bf16, 8>(v, bv, s);
+        raw[k] = layernorm::pack_vec<bf16, 8>(v);
+        if (active) *reinterpret_cast<int4 *>(x_out + row * C + c) = raw[k];
+      }
+      float m, rs;
+      layernorm::row_stats_raw<bf16, 8, kFusedVecs, kFusedLanes>(raw, C, sl, &m, &rs);
+      if (!active) continue;
+#pragma unroll
+      for (int k = 0; k < kFusedVecs; k++) {
+        const int c = (k * kFusedLanes + sl) * 8;
+        float v[8], y[8];
+        layernorm::unpack_vec<bf16, 8>(v, raw[k]);
+        layernorm::normalize_vec<8>(y, v, m, rs, ln_weight + c, ln_bias + c);
+        store_vec<bf16, 8>(ln_out + row * C + c, y);
+      }
+      if (sl == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+      }
+    }
+  }
+}
+
 // The slice width for OC: the largest of 96, 64, 32 that divides it (every Swin-T width is a
 // multiple of 96); 0 when none does.
 int slice_columns(int OC) {
@@ -210,24 +355,29 @@ int slice_columns(int OC) {
   return OC % 96 == 0 ? 96 : OC % 64 == 0 ? 64 : OC % 32 == 0 ? 32 : 0;
 }
 
+// One wave of a kernel of this file over N rows in `slices` column slices: as many row groups as
+// resident CTAs allow (the kernel's shared memory raised to smem first), at most one per row
+// tile.
+template <typename Kernel>
+int64_t one_wave_groups(Kernel kernel, size_t smem, int slices, int64_t N) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t tiles = (N + kRows - 1) / kRows;
+  int64_t groups = (int64_t)sms * (per_sm > 0 ? per_sm : 1) / slices;
+  if (groups < 1) groups = 1;
+  return groups > tiles ? tiles : groups;
+}
+
 template <int IC, int BN>
 void launch_small_k(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, const bf16 *bias,
                     int64_t N, int OC, cudaStream_t stream) {
   using L = SmallKLayout<IC, BN>;
   auto kernel = linear_small_k_kernel<IC, BN>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)L::kSmemBytes));
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, L::kSmemBytes));
-  // One wave: as many row groups as resident CTAs allow, at most one per row tile.
   const int slices = OC / BN;
-  const int64_t tiles = (N + kRows - 1) / kRows;
-  int64_t groups = (int64_t)sms * (per_sm > 0 ? per_sm : 1) / slices;
-  if (groups < 1) groups = 1;
-  if (groups > tiles) groups = tiles;
+  const int64_t groups = one_wave_groups(kernel, L::kSmemBytes, slices, N);
   kernel<<<(unsigned)(groups * slices), kThreads, L::kSmemBytes, stream>>>(
       pre, post, inp, weight, bias, N, OC, slices, groups);
   CUDA_CHECK_LAUNCH();
@@ -263,6 +413,41 @@ void launch_for_ic(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, c
 
 bool linear_small_k_supported(int IC, int OC) {
   return (IC == 96 || IC == 192) && slice_columns(OC) != 0;
+}
+
+bool linear_small_k_residual_layernorm_supported(int IC, int C) {
+  return IC == kFusedC && C == kFusedC;
+}
+
+void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean, float *rstd,
+                                            const void *x_in, const void *inp,
+                                            const WindowMap *inp_map, const float *scale,
+                                            const void *weight, const void *bias,
+                                            const float *ln_weight, const float *ln_bias, int B,
+                                            int64_t L, int IC, int C, cudaStream_t stream) {
+  const int64_t N = (int64_t)B * L;
+  const void *aligned_ptrs[] = {x_out, ln_out, x_in, inp, weight};
+  bool aligned = true;
+  for (const void *p : aligned_ptrs) aligned = aligned && aligned16(p);
+  if (!linear_small_k_residual_layernorm_supported(IC, C) || N < 0 || !aligned || x_out == x_in) {
+    fprintf(stderr,
+            "linear_small_k_residual_layernorm_cuda: unsupported call (IC %d, C %d, B * L %lld, "
+            "pointers 16-byte aligned: %s, x_out aliasing x_in: %s)\n"
+            "HINT: the caller must check linear_small_k_residual_layernorm_supported(IC, C) and "
+            "the pointers, and compose the layer and residual_layernorm_forward_cuda otherwise\n",
+            IC, C, (long long)N, aligned ? "yes" : "no", x_out == x_in ? "yes" : "no");
+    abort();
+  }
+  if (N == 0) return;
+  using Lay = SmallKLayout<kFusedC, kFusedC>;
+  auto kernel = linear_small_k_residual_ln_kernel;
+  const int64_t groups = one_wave_groups(kernel, Lay::kSmemBytes, 1, N);
+  kernel<<<(unsigned)groups, kThreads, Lay::kSmemBytes, stream>>>(
+      static_cast<bf16 *>(x_out), static_cast<bf16 *>(ln_out), mean, rstd,
+      static_cast<const bf16 *>(x_in), static_cast<const bf16 *>(inp),
+      layernorm::row_map(inp_map, L, N), scale, static_cast<const bf16 *>(weight),
+      static_cast<const bf16 *>(bias), ln_weight, ln_bias, N, L, groups);
+  CUDA_CHECK_LAUNCH();
 }
 
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,

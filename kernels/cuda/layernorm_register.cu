@@ -57,8 +57,7 @@ __global__ void __launch_bounds__(kForwardThreads, reg_forward_blocks_per_sm(MAX
         float v[VEC], bv[VEC];
         unpack_vec<T, VEC>(v, raw[k]);
         load_vec<T, VEC>(bv, br + c);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) v[e] = round_to<T>(v[e] + s * bv[e]);
+        residual_add_vec<T, VEC>(v, bv, s);
         raw[k] = pack_vec<T, VEC>(v);
         if (active) *reinterpret_cast<int4 *>(x_out + row * C + c) = raw[k];
       }
@@ -73,12 +72,9 @@ __global__ void __launch_bounds__(kForwardThreads, reg_forward_blocks_per_sm(MAX
   for (int k = 0; k < MAXV; k++) {
     int c = (k * LANES + sl) * VEC;
     if (c >= C) continue;
-    float v[VEC], yv[VEC], wv[VEC], bv[VEC];
+    float v[VEC], yv[VEC];
     unpack_vec<T, VEC>(v, raw[k]);
-    load_vec<float, VEC>(wv, weight + c);
-    load_vec<float, VEC>(bv, bias + c);
-#pragma unroll
-    for (int e = 0; e < VEC; e++) yv[e] = (v[e] - m) * r * wv[e] + bv[e];
+    normalize_vec<VEC>(yv, v, m, r, weight + c, bias + c);
     store_vec<T, VEC>(y + c, yv);
   }
   if (sl == 0) {

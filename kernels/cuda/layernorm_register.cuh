@@ -109,6 +109,28 @@ __device__ __forceinline__ int4 pack_vec(const float (&v)[VEC]) {
   return raw;
 }
 
+// The residual add of the forwards, one vector: v = x + s * branch, rounded to T element by
+// element (v holds x on entry).
+template <typename T, int VEC>
+__device__ __forceinline__ void residual_add_vec(float (&v)[VEC], const float (&branch)[VEC],
+                                                 float s) {
+#pragma unroll
+  for (int e = 0; e < VEC; e++) v[e] = round_to<T>(v[e] + s * branch[e]);
+}
+
+// The LayerNorm output of one vector of a row: y = (v - mean) rstd weight + bias, weight and bias
+// the vector's VEC floats.
+template <int VEC>
+__device__ __forceinline__ void normalize_vec(float (&y)[VEC], const float (&v)[VEC], float m,
+                                              float r, const float *__restrict__ weight,
+                                              const float *__restrict__ bias) {
+  float wv[VEC], bv[VEC];
+  load_vec<float, VEC>(wv, weight);
+  load_vec<float, VEC>(bv, bias);
+#pragma unroll
+  for (int e = 0; e < VEC; e++) y[e] = (v[e] - m) * r * wv[e] + bv[e];
+}
+
 // f(v) for each of lane sl's vectors of a row held as loaded (raw, see unpack_vec), unpacked.
 template <typename T, int VEC, int MAXV, int LANES, typename F>
 __device__ __forceinline__ void for_each_unpacked(const int4 (&raw)[MAXV], int C, int sl, F f) {

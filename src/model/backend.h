@@ -196,6 +196,19 @@ typedef struct {
   void (*mlp_forward)(Backend *be, void *out, void *pre, void *hidden, const void *inp,
                       const void *w1, const void *b1, const void *w2, const void *b2, int64_t N,
                       int C, int H);
+  // An MLP whose output is residual_layernorm_forward's branch, branch_map NULL (a block's MLP
+  // and the residual that ends the block, with the next block's LN1 or a stage's last residual):
+  // mlp_forward(branch, pre, hidden, inp, w1, b1, w2, b2, B*L, C, H), then
+  // residual_layernorm_forward(x_out, ln_out, mean, rstd, x_in, branch, NULL, scale, ln_weight,
+  // ln_bias, ln_map, B, L, C). branch (B*L, C, act) is scratch as in
+  // linear_residual_layernorm_forward; x_out may not alias x_in.
+  void (*mlp_residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,
+                                         float *rstd, void *branch, void *pre, void *hidden,
+                                         const void *x_in, const void *inp, const void *w1,
+                                         const void *b1, const void *w2, const void *b2,
+                                         const float *scale, const float *ln_weight,
+                                         const float *ln_bias, const WindowMap *ln_map, int B,
+                                         int64_t L, int C, int H);
   // dinp (N, IC, act) = dout weight; dinp NULL skips. dweight (OC, IC, f32) and dbias (OC, f32,
   // or NULL) accumulated. The model passes dbias NULL wherever the op that wrote dout summed its
   // columns already (the *_bias outputs below): the GPU then runs the dweight product alone.
@@ -222,6 +235,18 @@ typedef struct {
                                      const WindowMap *branch_map, const float *scale,
                                      const float *weight, const float *bias,
                                      const WindowMap *ln_map, int B, int64_t L, int C);
+  // A linear layer whose output is residual_layernorm_forward's branch, ln_map NULL (a block's
+  // proj and LN2): branch (B*L, C, act) = inp (B*L, IC, act, in branch_map's order) weight^T
+  // (C, IC, act) + lin_bias (C, act), then residual_layernorm_forward(x_out, ln_out, mean, rstd,
+  // x_in, branch, branch_map, scale, ln_weight, ln_bias, NULL, B, L, C). branch is scratch: a
+  // backend that fuses the two may leave it untouched, so nothing may read it afterwards. x_out
+  // may not alias x_in.
+  void (*linear_residual_layernorm_forward)(Backend *be, void *x_out, void *ln_out, float *mean,
+                                            float *rstd, void *branch, const void *x_in,
+                                            const void *inp, const void *weight,
+                                            const void *lin_bias, const WindowMap *branch_map,
+                                            const float *scale, const float *ln_weight,
+                                            const float *ln_bias, int B, int64_t L, int IC, int C);
   void (*residual_layernorm_backward)(Backend *be, float *dres_out, void *dbranch,
                                       float *dbranch_bias, float *dweight, float *dbias,
                                       const float *dres_in, const void *dln, const void *x,

@@ -23,6 +23,8 @@
   X(linear_backward)             \
   X(gelu_linear_backward)        \
   X(residual_layernorm_forward)  \
+  X(linear_residual_layernorm_forward) \
+  X(mlp_residual_layernorm_forward) \
   X(residual_layernorm_backward) \
   X(merge_layernorm_forward)     \
   X(merge_layernorm_backward)    \
@@ -383,6 +385,64 @@ static void check_residual_layernorm_forward(Backend *be, void *x_out, void *ln_
 }
 
 // Without dln the LayerNorm's inputs and gradients are not touched; without dbranch its scale.
+// The layer's output goes to branch on a backend that composes the two ops; one that fuses them
+// may leave it untouched, so branch is checked as written.
+static void check_linear_residual_layernorm_forward(
+    Backend *be, void *x_out, void *ln_out, float *mean, float *rstd, void *branch,
+    const void *x_in, const void *inp, const void *weight, const void *lin_bias,
+    const WindowMap *branch_map, const float *scale, const float *ln_weight, const float *ln_bias,
+    int B, int64_t L, int IC, int C) {
+  Call c = call_begin(be, CHECK_OP_linear_residual_layernorm_forward);
+  int64_t rows = (int64_t)B * L, n = rows * C;
+  CHECK(x_out, be->act, n);
+  CHECK(ln_out, be->act, n);
+  CHECK(mean, DTYPE_F32, rows);
+  CHECK(rstd, DTYPE_F32, rows);
+  CHECK(branch, be->act, n);
+  CHECK(x_in, be->act, n);
+  CHECK(inp, be->act, rows * IC);
+  CHECK(weight, be->act, (int64_t)C * IC);
+  CHECK(lin_bias, be->act, C);
+  CHECK(scale, DTYPE_F32, B);
+  CHECK(ln_weight, DTYPE_F32, C);
+  CHECK(ln_bias, DTYPE_F32, C);
+  INNER->linear_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, branch, x_in, inp,
+                                           weight, lin_bias, branch_map, scale, ln_weight,
+                                           ln_bias, B, L, IC, C);
+}
+
+// The MLP's checks as check_mlp_forward's (out is branch), then the residual's as
+// check_residual_layernorm_forward's.
+static void check_mlp_residual_layernorm_forward(
+    Backend *be, void *x_out, void *ln_out, float *mean, float *rstd, void *branch, void *pre,
+    void *hidden, const void *x_in, const void *inp, const void *w1, const void *b1,
+    const void *w2, const void *b2, const float *scale, const float *ln_weight,
+    const float *ln_bias, const WindowMap *ln_map, int B, int64_t L, int C, int H) {
+  Call c = call_begin(be, CHECK_OP_mlp_residual_layernorm_forward);
+  int64_t rows = (int64_t)B * L, n = rows * C;
+  CHECK(pre, be->act, rows * H);
+  NEEDED(hidden, be->act, INNER->mlp_hidden_elements(be, rows, C, H));
+  CHECK(inp, be->act, n);
+  CHECK(w1, be->act, (int64_t)H * C);
+  CHECK(b1, be->act, H);
+  CHECK(w2, be->act, (int64_t)C * H);
+  CHECK(b2, be->act, C);
+  CHECK(branch, be->act, n);
+  CHECK(x_out, be->act, n);
+  CHECK(x_in, be->act, n);
+  CHECK(scale, DTYPE_F32, B);
+  if (ln_out) {
+    CHECK(ln_out, be->act, n);
+    CHECK(mean, DTYPE_F32, rows);
+    CHECK(rstd, DTYPE_F32, rows);
+    CHECK(ln_weight, DTYPE_F32, C);
+    CHECK(ln_bias, DTYPE_F32, C);
+  }
+  INNER->mlp_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, branch, pre, hidden, x_in,
+                                        inp, w1, b1, w2, b2, scale, ln_weight, ln_bias, ln_map, B,
+                                        L, C, H);
+}
+
 static void check_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch,
                                               float *dbranch_bias, float *dweight, float *dbias,
                                               const float *dres_in, const void *dln, const void *x,

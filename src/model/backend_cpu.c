@@ -235,6 +235,31 @@ static void cpu_residual_layernorm_forward(Backend *be, void *x_out, void *ln_ou
                                  bias, ln_map, B, L, C, cpu_scratch(be, 2 * (int64_t)B * L * C));
 }
 
+static void cpu_mlp_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out,
+                                               float *mean, float *rstd, void *branch, void *pre,
+                                               void *hidden, const void *x_in, const void *inp,
+                                               const void *w1, const void *b1, const void *w2,
+                                               const void *b2, const float *scale,
+                                               const float *ln_weight, const float *ln_bias,
+                                               const WindowMap *ln_map, int B, int64_t L, int C,
+                                               int H) {
+  cpu_mlp_forward(be, branch, pre, hidden, inp, w1, b1, w2, b2, (int64_t)B * L, C, H);
+  cpu_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, NULL, scale,
+                                 ln_weight, ln_bias, ln_map, B, L, C);
+}
+
+static void cpu_linear_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out,
+                                                  float *mean, float *rstd, void *branch,
+                                                  const void *x_in, const void *inp,
+                                                  const void *weight, const void *lin_bias,
+                                                  const WindowMap *branch_map, const float *scale,
+                                                  const float *ln_weight, const float *ln_bias,
+                                                  int B, int64_t L, int IC, int C) {
+  linear_forward_cpu(branch, inp, weight, lin_bias, (int64_t)B * L, IC, C);
+  cpu_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, branch_map, scale,
+                                 ln_weight, ln_bias, NULL, B, L, C);
+}
+
 static void cpu_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch,
                                             float *dbranch_bias, float *dweight, float *dbias,
                                             const float *dres_in, const void *dln, const void *x,
@@ -481,9 +506,11 @@ static const BackendOps cpu_ops = {
     .linear_forward = cpu_linear_forward,
     .mlp_hidden_elements = cpu_mlp_hidden_elements,
     .mlp_forward = cpu_mlp_forward,
+    .mlp_residual_layernorm_forward = cpu_mlp_residual_layernorm_forward,
     .linear_backward = cpu_linear_backward,
     .gelu_linear_backward = cpu_gelu_linear_backward,
     .residual_layernorm_forward = cpu_residual_layernorm_forward,
+    .linear_residual_layernorm_forward = cpu_linear_residual_layernorm_forward,
     .residual_layernorm_backward = cpu_residual_layernorm_backward,
     .merge_layernorm_forward = cpu_merge_layernorm_forward,
     .merge_layernorm_backward = cpu_merge_layernorm_backward,

@@ -639,6 +639,35 @@ void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, flo
                                   scale, weight, bias, ln_map, B, L, C, state_of(be)->compute);
 }
 
+// A layer or an MLP and the residual + LayerNorm after it: the two ops. Their fused kernels
+// (kernels/gemm.h: linear_small_k_residual_layernorm_cuda, stage 0's proj; and
+// linear_hopper_gelu_residual_layernorm_cuda, fc2 of C 96-192) give the same bits; they serve
+// these ops once they have run on a GPU and been measured against this composition
+// (kernels/PERF.md, versions 24 and 25).
+void cuda_linear_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
+                                            float *rstd, void *branch, const void *x_in,
+                                            const void *inp, const void *weight,
+                                            const void *lin_bias, const WindowMap *branch_map,
+                                            const float *scale, const float *ln_weight,
+                                            const float *ln_bias, int B, int64_t L, int IC, int C) {
+  cuda_linear_forward(be, branch, inp, weight, lin_bias, (int64_t)B * L, IC, C, ACTIVATION_NONE,
+                      nullptr);
+  cuda_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, branch_map, scale,
+                                  ln_weight, ln_bias, nullptr, B, L, C);
+}
+
+void cuda_mlp_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
+                                         float *rstd, void *branch, void *pre, void *hidden,
+                                         const void *x_in, const void *inp, const void *w1,
+                                         const void *b1, const void *w2, const void *b2,
+                                         const float *scale, const float *ln_weight,
+                                         const float *ln_bias, const WindowMap *ln_map, int B,
+                                         int64_t L, int C, int H) {
+  cuda_mlp_forward(be, branch, pre, hidden, inp, w1, b1, w2, b2, (int64_t)B * L, C, H);
+  cuda_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, nullptr, scale,
+                                  ln_weight, ln_bias, ln_map, B, L, C);
+}
+
 void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranch,
                                       float *dbranch_bias, float *dweight, float *dbias,
                                       const float *dres_in, const void *dln, const void *x,
@@ -868,9 +897,11 @@ const BackendOps cuda_ops = {
     .linear_forward = cuda_linear_forward,
     .mlp_hidden_elements = cuda_mlp_hidden_elements,
     .mlp_forward = cuda_mlp_forward,
+    .mlp_residual_layernorm_forward = cuda_mlp_residual_layernorm_forward,
     .linear_backward = cuda_linear_backward,
     .gelu_linear_backward = cuda_gelu_linear_backward,
     .residual_layernorm_forward = cuda_residual_layernorm_forward,
+    .linear_residual_layernorm_forward = cuda_linear_residual_layernorm_forward,
     .residual_layernorm_backward = cuda_residual_layernorm_backward,
     .merge_layernorm_forward = cuda_merge_layernorm_forward,
     .merge_layernorm_backward = cuda_merge_layernorm_backward,

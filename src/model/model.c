@@ -712,9 +712,12 @@ void model_init_weights(Model *m, uint64_t seed) {
 
 // ---------------------------------------------------------------------------------------------
 // Forward. Each LayerNorm is fused with the residual add before it and with the window
-// partition after it, so a block is: [x = x1' + dp * mlp'; xw = part(LN1(x))], qkv, attention,
-// proj, [x1 = x + dp * rev(proj); ln2 = LN2(x1)], fc1 + GELU, fc2; the bracketed ops are one
-// residual_layernorm each, the first one taking the previous block's MLP output (mlp').
+// partition after it, and each residual with the layer whose output it adds, so a block is: qkv,
+// attention, [proj; x1 = x + dp * rev(proj); ln2 = LN2(x1)], [fc1 + GELU, fc2; x' = x1 + dp *
+// fc2; xw = part(LN1'(x'))], x' and LN1' being the next block's (for a stage's last block the
+// stage's output, and no LN1); each bracket is one op (linear_residual_layernorm_forward,
+// mlp_residual_layernorm_forward), one kernel where the backend fuses them. A stage's first
+// block's LN1 is residual_layernorm_forward of its input alone.
 
 // The window order of block j's attention.
 static WindowMap block_windows(const StageGeom *g, int j) {
@@ -723,24 +726,16 @@ static WindowMap block_windows(const StageGeom *g, int j) {
   return w;
 }
 
-// LN1 of block j (of stage s) into its windows, fused with the residual that ends block j - 1.
-static void block_norm1_forward(Model *m, const StageGeom *g, int j, int B) {
+// LN1 of a stage's first block into its windows (the other blocks' LN1 comes with the residual
+// that ends the block before: block_mlp_residual_forward).
+static void block_norm1_forward(Model *m, const StageGeom *g, int B) {
   Backend *be = m->be;
-  Activations *x = &m->acts;
-  int gi = g->first_block + j;
-  BlockActs *a = &x->blocks[gi];
-  const BlockWeights *w = &m->w.blocks[gi];
-  WindowMap wm = block_windows(g, j);
-  int64_t L = (int64_t)g->H * g->W;
-  if (j == 0) {
-    be->ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
-                                        NULL, w->norm1_w, w->norm1_b, &wm, B, L, g->C);
-  } else {
-    const BlockActs *p = &x->blocks[gi - 1];
-    be->ops->residual_layernorm_forward(be, a->x, x->xw, a->ln1_mean, a->ln1_rstd, p->x1, x->branch,
-                                        NULL, m->drop_path_active ? p->dp_mlp : NULL, w->norm1_w,
-                                        w->norm1_b, &wm, B, L, g->C);
-  }
+  BlockActs *a = &m->acts.blocks[g->first_block];
+  const BlockWeights *w = &m->w.blocks[g->first_block];
+  WindowMap wm = block_windows(g, 0);
+  be->ops->residual_layernorm_forward(be, NULL, m->acts.xw, a->ln1_mean, a->ln1_rstd, a->x, NULL,
+                                      NULL, NULL, w->norm1_w, w->norm1_b, &wm, B,
+                                      (int64_t)g->H * g->W, g->C);
 }
 
 // Block j from LN1's windows (in x->xw) to the MLP's input: the attention branch with its
@@ -761,11 +756,10 @@ static void block_forward_to_mlp(Model *m, const StageGeom *g, int j, int B) {
                       model_compute_weight(m, w->qkv_b), BL, C, 3 * C, ACTIVATION_NONE, NULL);
   ops->attention_forward(be, a->attn_out, a->att, a->qkv, w->rel_table, g->index_be, mask, BW,
                          g->nW, g->N, C, g->heads, attention_head_dim_scale(g->head_dim));
-  ops->linear_forward(be, x->branch, a->attn_out, model_compute_weight(m, w->proj_w),
-                      model_compute_weight(m, w->proj_b), BL, C, C, ACTIVATION_NONE, NULL);
-  ops->residual_layernorm_forward(be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, a->x, x->branch, &wm,
-                                  m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b,
-                                  NULL, B, L, C);
+  ops->linear_residual_layernorm_forward(
+      be, a->x1, x->ln2, a->ln2_mean, a->ln2_rstd, x->branch, a->x, a->attn_out,
+      model_compute_weight(m, w->proj_w), model_compute_weight(m, w->proj_b), &wm,
+      m->drop_path_active ? a->dp_attn : NULL, w->norm2_w, w->norm2_b, B, L, C, C);
 }
 
 // The hidden argument of stage g's MLP ops over BL rows: the shared buffer where the backend
@@ -776,23 +770,58 @@ static void *mlp_hidden(const Model *m, const StageGeom *g, int64_t BL) {
   return stored ? m->acts.hidden : NULL;
 }
 
-// Block j's MLP from LN2's output: fc1's pre-activation in a->fc1 and, with out, fc2's output
-// (without, the pre-activation alone: the backward's rebuild).
-static void block_mlp_forward(Model *m, const StageGeom *g, int j, int B, void *out) {
+// Block j's fc1 pre-activation (a->fc1) from LN2's output again: the backward's rebuild.
+static void block_mlp_rebuild(Model *m, const StageGeom *g, int j, int B) {
   int gi = g->first_block + j;
   const BlockWeights *w = &m->w.blocks[gi];
   int64_t BL = (int64_t)B * g->H * g->W;
-  m->be->ops->mlp_forward(m->be, out, m->acts.blocks[gi].fc1, mlp_hidden(m, g, BL), m->acts.ln2,
+  m->be->ops->mlp_forward(m->be, NULL, m->acts.blocks[gi].fc1, mlp_hidden(m, g, BL), m->acts.ln2,
                           model_compute_weight(m, w->fc1_w), model_compute_weight(m, w->fc1_b),
                           model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b), BL,
                           g->C, g->hidden);
 }
 
-// The rest of block j after LN1: the attention branch, then the MLP, whose output waits in
-// x->branch for the next residual.
-static void block_forward(Model *m, const StageGeom *g, int j, int B) {
-  block_forward_to_mlp(m, g, j, B);
-  block_mlp_forward(m, g, j, B, m->acts.branch);
+// Block j's MLP and the residual that ends the block, x' = x1 + dp * mlp(ln2): into block j + 1's
+// input with its LN1 into that block's windows, or for the stage's last block into the stage's
+// output (the last stage's also through the final norm). One op: one kernel where the backend
+// fuses fc2 with the residual and LayerNorm after it.
+static void block_mlp_residual_forward(Model *m, int s, int j, int B) {
+  Backend *be = m->be;
+  Activations *x = &m->acts;
+  const Weights *W = &m->w;
+  const StageGeom *g = &m->stages[s];
+  int gi = g->first_block + j;
+  const BlockWeights *w = &W->blocks[gi];
+  const BlockActs *a = &x->blocks[gi];
+  int64_t L = (int64_t)g->H * g->W, BL = B * L;
+  void *x_out, *ln_out;
+  float *mean, *rstd;
+  const float *ln_w, *ln_b;
+  WindowMap wm;
+  const WindowMap *map = NULL;
+  if (j + 1 < g->depth) {
+    BlockActs *n = &x->blocks[gi + 1];
+    wm = block_windows(g, j + 1);
+    map = &wm;
+    x_out = n->x;
+    ln_out = x->xw;
+    mean = n->ln1_mean;
+    rstd = n->ln1_rstd;
+    ln_w = W->blocks[gi + 1].norm1_w;
+    ln_b = W->blocks[gi + 1].norm1_b;
+  } else {
+    x_out = x->stage_out[s];
+    ln_out = s == m->num_stages - 1 ? x->norm_out : NULL;
+    mean = x->norm_mean;
+    rstd = x->norm_rstd;
+    ln_w = W->norm_w;
+    ln_b = W->norm_b;
+  }
+  be->ops->mlp_residual_layernorm_forward(
+      be, x_out, ln_out, mean, rstd, x->branch, a->fc1, mlp_hidden(m, g, BL), a->x1, x->ln2,
+      model_compute_weight(m, w->fc1_w), model_compute_weight(m, w->fc1_b),
+      model_compute_weight(m, w->fc2_w), model_compute_weight(m, w->fc2_b),
+      m->drop_path_active ? a->dp_mlp : NULL, ln_w, ln_b, map, B, L, g->C, g->hidden);
 }
 
 // A V2 block (res-post-norm) from its windows a->xw and the residual stream (x->stream, in token
@@ -952,17 +981,11 @@ void model_forward(Model *m, const void *input, DType input_dtype, Normalize nor
                           model_compute_weight(m, w->merge_w[s]), NULL, BL, 4 * p->C, g->C,
                           ACTIVATION_NONE, NULL);
     }
+    block_norm1_forward(m, g, B);
     for (int j = 0; j < g->depth; j++) {
-      block_norm1_forward(m, g, j, B);
-      block_forward(m, g, j, B);
+      block_forward_to_mlp(m, g, j, B);
+      block_mlp_residual_forward(m, s, j, B);
     }
-    // The last block's MLP residual: the stage output, and for the last stage the final norm.
-    const BlockActs *a = &x->blocks[g->first_block + g->depth - 1];
-    bool last = s == m->num_stages - 1;
-    ops->residual_layernorm_forward(be, x->stage_out[s], last ? x->norm_out : NULL, x->norm_mean,
-                                    x->norm_rstd, a->x1, x->branch, NULL,
-                                    m->drop_path_active ? a->dp_mlp : NULL, w->norm_w, w->norm_b,
-                                    NULL, B, (int64_t)g->H * g->W, g->C);
     NVTX_POP();
   }
 
@@ -997,7 +1020,7 @@ static void block_recompute(Model *m, const StageGeom *g, int j, int B) {
                                          NULL, NULL, NULL, w->norm1_w, w->norm1_b, &wm, B,
                                          (int64_t)g->H * g->W, g->C);
   block_forward_to_mlp(m, g, j, B);
-  block_mlp_forward(m, g, j, B, NULL);
+  block_mlp_rebuild(m, g, j, B);
   NVTX_POP();
 }
 
