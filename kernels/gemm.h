@@ -166,8 +166,8 @@ void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *wei
 // linear_hopper_gelu_residual_layernorm_supported(IC, C) (C 96, 128 or 192: a tile holds whole
 // rows); x_out, x_in and ln_out 16-byte aligned, x_out not aliasing x_in, B * L < 2^31.
 bool linear_hopper_gelu_residual_layernorm_supported(int IC, int C);
-void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean,
-                                                float *rstd, const void *x_in, const void *pre,
+void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean, float *rstd,
+                                                const void *x_in, const void *pre,
                                                 const void *weight, const void *bias,
                                                 const float *scale, const float *ln_weight,
                                                 const float *ln_bias, const WindowMap *ln_map,

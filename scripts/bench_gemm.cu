@@ -454,12 +454,13 @@ void resln_table(GemmContext *g, cudaStream_t stream) {
   });
   // What the fused kernel must move: inp, x in; x_out, ln_out out (bf16), mean and rstd (f32).
   const double bytes = 8.0 * (double)n + 8.0 * (double)N;
-  printf("\nproj + residual + LN2, Swin-T stage 0 (N %lld, C %d, windows 7 shifted 3), bf16; us = "
-         "median of %d; TB/s = %.0f MB / time\n",
-         (long long)N, C, kRepeats, bytes / 1e6);
+  printf(
+      "\nproj + residual + LN2, Swin-T stage 0 (N %lld, C %d, windows 7 shifted 3), bf16; us = "
+      "median of %d; TB/s = %.0f MB / time\n",
+      (long long)N, C, kRepeats, bytes / 1e6);
   printf("  cuBLASLt + residual LN           %8.1f us %5.2f TB/s\n", a, tb_per_s(bytes, a));
-  printf("  small-K + residual LN (LN alone)  %8.1f us %5.2f TB/s  (%.1f)\n", b,
-         tb_per_s(bytes, b), b_ln);
+  printf("  small-K + residual LN (LN alone)  %8.1f us %5.2f TB/s  (%.1f)\n", b, tb_per_s(bytes, b),
+         b_ln);
   printf("  fused small-K residual LN        %8.1f us %5.2f TB/s  (%.3f of small-K + LN)\n", c,
          tb_per_s(bytes, c), c / b);
   void *bufs[] = {inp, x, weight, bias, branch, x_out, ln_out, stats, ln_par};
@@ -471,14 +472,16 @@ void resln_table(GemmContext *g, cudaStream_t stream) {
     CUDA_CHECK(cudaFree(scale));
     return;
   }
-  printf("\nfc2 + residual + LN1, Swin-T stages 0 and 1, bf16; us = median of %d; TB/s = the "
-         "fused kernel's bytes (pre, x in; x_out, ln_out out) / time\n",
-         kRepeats);
+  printf(
+      "\nfc2 + residual + LN1, Swin-T stages 0 and 1, bf16; us = median of %d; TB/s = the "
+      "fused kernel's bytes (pre, x in; x_out, ln_out out) / time\n",
+      kRepeats);
   for (int st = 0; st < 2; st++) {
     const int Cs = 96 << st, Hs = 56 >> st, HID = 4 * Cs;
     const int64_t Ls = (int64_t)Hs * Hs, Ns = B * Ls, ns = Ns * Cs;
     const WindowMap m = {Hs, Hs, 7, 7, 3, 3};
-    __nv_bfloat16 *pre = random_bf16(Ns * HID, 5, 3.0f, stream), *xs = random_bf16(ns, 6, 2.0f, stream);
+    __nv_bfloat16 *pre = random_bf16(Ns * HID, 5, 3.0f, stream),
+                  *xs = random_bf16(ns, 6, 2.0f, stream);
     __nv_bfloat16 *w2 = random_bf16((int64_t)Cs * HID, 7, 0.05f, stream);
     __nv_bfloat16 *b2 = random_bf16(Cs, 8, 0.5f, stream);
     __nv_bfloat16 *br, *xo, *lo;
@@ -492,8 +495,8 @@ void resln_table(GemmContext *g, cudaStream_t stream) {
     for (int c = 0; c < Cs; c++) ones[Cs + c] = 0.0f;
     CUDA_CHECK(cudaMemcpy(par, ones.data(), sizeof(float) * 2 * Cs, cudaMemcpyHostToDevice));
     auto lnf = [&] {
-      residual_layernorm_forward_cuda(DTYPE_BF16, xo, lo, st2, st2 + Ns, xs, br, nullptr, scale, par,
-                                      par + Cs, &m, B, Ls, Cs, stream);
+      residual_layernorm_forward_cuda(DTYPE_BF16, xo, lo, st2, st2 + Ns, xs, br, nullptr, scale,
+                                      par, par + Cs, &m, B, Ls, Cs, stream);
     };
     const double two = median_us(stream, [&] {
       linear_hopper_gelu_forward_tile(br, pre, w2, b2, Ns, HID, Cs, Cs, stream);
@@ -505,9 +508,10 @@ void resln_table(GemmContext *g, cudaStream_t stream) {
                                                  par + Cs, &m, B, Ls, HID, Cs, stream);
     });
     const double fbytes = 2.0 * (double)Ns * HID + 6.0 * (double)ns + 8.0 * (double)Ns;
-    printf("  stage %d (N %lld, %d -> %d): fc2 + residual LN %8.1f us (LN alone %.1f); fused "
-           "%8.1f us %5.2f TB/s (%.3f)\n",
-           st, (long long)Ns, HID, Cs, two, ln_alone, one, tb_per_s(fbytes, one), one / two);
+    printf(
+        "  stage %d (N %lld, %d -> %d): fc2 + residual LN %8.1f us (LN alone %.1f); fused "
+        "%8.1f us %5.2f TB/s (%.3f)\n",
+        st, (long long)Ns, HID, Cs, two, ln_alone, one, tb_per_s(fbytes, one), one / two);
     void *bb[] = {pre, xs, w2, b2, br, xo, lo, st2, par};
     for (void *p : bb) CUDA_CHECK(cudaFree(p));
   }

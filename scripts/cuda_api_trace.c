@@ -97,7 +97,8 @@ static void print_table(const char *title, const ThreadStats *s, int nthreads) {
   for (int row = 0; row < TOP; row++) {
     int best = -1;
     for (int id = 0; id < CALLS; id++)
-      if (!shown[id] && s->count[id] && (best < 0 || s->total_ns[id] > s->total_ns[best])) best = id;
+      if (!shown[id] && s->count[id] && (best < 0 || s->total_ns[id] > s->total_ns[best]))
+        best = id;
     if (best < 0) break;
     shown[best] = true;
     fprintf(stderr, "  %-36s %10llu %12.2f %10.2f %10.3f\n", names[best] ? names[best] : "?",

@@ -38,8 +38,8 @@
 //   and 16 images, a ragged last tile, and an unshifted map without drop path or bias.
 // linear_hopper_gelu_residual_layernorm_cuda, the MLP's second layer with the residual +
 //   LayerNorm forward in its epilogue: the same bitwise check against
-//   linear_hopper_gelu_forward_tile (width C) followed by residual_layernorm_forward_cuda, for C 96, 128
-//   and 192, LN into shifted windows, in token order, or absent (a stage's end).
+//   linear_hopper_gelu_forward_tile (width C) followed by residual_layernorm_forward_cuda, for C
+//   96, 128 and 192, LN into shifted windows, in token order, or absent (a stage's end).
 // Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
 #include "tests/util/test_gpu_util.h"
 
@@ -591,8 +591,8 @@ static void resln_compare_free(ResLnRun *r, const char *ctx) {
     free(want);
     free(got);
   }
-  void *bufs[] = {r->d_x,        r->d_branch,   r->d_lnw,      r->d_lnb,      r->d_sc,
-                  r->out[0][0],  r->out[0][1],  r->out[1][0],  r->out[1][1],  r->stats[0][0],
+  void *bufs[] = {r->d_x,         r->d_branch,    r->d_lnw,      r->d_lnb,     r->d_sc,
+                  r->out[0][0],   r->out[0][1],   r->out[1][0],  r->out[1][1], r->stats[0][0],
                   r->stats[0][1], r->stats[1][0], r->stats[1][1]};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
@@ -608,9 +608,9 @@ static void resln_compare_free(ResLnRun *r, const char *ctx) {
 static void check_residual_ln(int B, int H, int window, int shift, bool scaled, bool with_bias,
                               TestRng *rng) {
   char ctx[160];
-  snprintf(ctx, sizeof ctx, "linear_small_k_residual_layernorm B=%d %dx%d window %d shift %d (%s, %s)",
-           B, H, H, window, shift, scaled ? "drop path" : "scale NULL",
-           with_bias ? "bias" : "no bias");
+  snprintf(ctx, sizeof ctx,
+           "linear_small_k_residual_layernorm B=%d %dx%d window %d shift %d (%s, %s)", B, H, H,
+           window, shift, scaled ? "drop path" : "scale NULL", with_bias ? "bias" : "no bias");
   ResLnRun r;
   resln_setup(&r, B, H, 96, true, scaled, rng);
   const int C = r.C;
@@ -665,9 +665,9 @@ static void check_hopper_residual_ln(int B, int H, int C, int window, int shift,
   residual_layernorm_forward_cuda(DTYPE_BF16, r.out[0][0], r.out[0][1], r.stats[0][0],
                                   r.stats[0][1], r.d_x, r.d_branch, NULL, r.d_sc, r.d_lnw, r.d_lnb,
                                   &map, B, r.L, C, 0);
-  linear_hopper_gelu_residual_layernorm_cuda(r.out[1][0], r.out[1][1], r.stats[1][0],
-                                             r.stats[1][1], r.d_x, d_pre, d_w, d_b, r.d_sc,
-                                             r.d_lnw, r.d_lnb, &map, B, r.L, HID, C, 0);
+  linear_hopper_gelu_residual_layernorm_cuda(r.out[1][0], r.out[1][1], r.stats[1][0], r.stats[1][1],
+                                             r.d_x, d_pre, d_w, d_b, r.d_sc, r.d_lnw, r.d_lnb, &map,
+                                             B, r.L, HID, C, 0);
   resln_compare_free(&r, ctx);
   void *bufs[] = {d_pre, d_w, d_b};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));

@@ -488,13 +488,13 @@ static void run_linear_residual_layernorm_forward(OpRun *r, const void *arg) {
   float *scale = c->scale ? dev_f32(r, drop_scales(r, c->B), c->B) : NULL;  // (B)
   float *ln_weight = dev_f32(r, draw_f32(r, c->C, 0.5f, 1.5f), c->C);
   float *ln_bias = dev_f32(r, draw_f32(r, c->C, -0.5f, 0.5f), c->C);
-  void *branch = dev_poisoned_act(r, n);                                      // scratch
-  void *x_out = dev_poisoned_act(r, n), *ln_out = dev_poisoned_act(r, n);     // (B, L, C, act)
+  void *branch = dev_poisoned_act(r, n);                                       // scratch
+  void *x_out = dev_poisoned_act(r, n), *ln_out = dev_poisoned_act(r, n);      // (B, L, C, act)
   float *mean = dev_poisoned_f32(r, rows), *rstd = dev_poisoned_f32(r, rows);  // (B*L)
   WindowMap bm = ln_map(c, c->bmap);
-  r->be->ops->linear_residual_layernorm_forward(
-      r->be, x_out, ln_out, mean, rstd, branch, x_in, inp, weight, lin_bias,
-      c->bmap == MAP_NONE ? NULL : &bm, scale, ln_weight, ln_bias, c->B, L, c->C, c->C);
+  r->be->ops->linear_residual_layernorm_forward(r->be, x_out, ln_out, mean, rstd, branch, x_in, inp,
+                                                weight, lin_bias, c->bmap == MAP_NONE ? NULL : &bm,
+                                                scale, ln_weight, ln_bias, c->B, L, c->C, c->C);
   result_act(r, "x_out", x_out, n);
   result_act(r, "ln_out", ln_out, n);
   result_f32(r, "mean", mean, rows);
@@ -511,7 +511,7 @@ static void run_mlp_residual_layernorm_forward(OpRun *r, const void *arg) {
   const int64_t L = (int64_t)c->H * c->W, rows = c->B * L, n = rows * C, nh = rows * H;
   const int64_t nw = (int64_t)H * C;
   const float ws1 = 3.0f / sqrtf((float)C), ws2 = 0.5f / sqrtf((float)H);
-  void *x_in = dev_act(r, draw_rows(r, rows, C), n);      // (B, L, C, act)
+  void *x_in = dev_act(r, draw_rows(r, rows, C), n);       // (B, L, C, act)
   void *inp = dev_act(r, draw_act(r, n, -1.0f, 1.0f), n);  // (B*L, C, act): LN2's output
   void *w1 = dev_act(r, draw_act(r, nw, -ws1, ws1), nw);   // (H, C, act)
   void *b1 = dev_act(r, draw_act(r, H, -0.5f, 0.5f), H);   // (H, act)
@@ -1216,8 +1216,8 @@ typedef struct {
     .B = 2, .H = 8, .W = 8, .C = 32, .window = 4, .shift = 2, __VA_ARGS__ \
   }
 // The same with the map's side and the width given (windows of 4 shifted by 2, batch 2).
-#define LN_HC(H_, C_, ...)                                                   \
-  &(const LnCase) {                                                          \
+#define LN_HC(H_, C_, ...)                                                  \
+  &(const LnCase) {                                                         \
     .B = 2, .H = H_, .W = H_, .C = C_, .window = 4, .shift = 2, __VA_ARGS__ \
   }
 

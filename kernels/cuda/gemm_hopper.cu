@@ -404,13 +404,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (RESLN) {
 #pragma unroll
       for (int p = 0; p < LR::kPasses; p++) {
-        const int gr = m0 + row_slab + p * LR::kRowsPerPass + warp * LR::kRowsPerWarp +
-                       lane / LR::kLanes;
+        const int gr =
+            m0 + row_slab + p * LR::kRowsPerPass + warp * LR::kRowsPerWarp + lane / LR::kLanes;
         const bf16 *xi = rl.x_in + (int64_t)(gr < M ? gr : 0) * BN;
 #pragma unroll
         for (int k = 0; k < LR::kVecs; k++)
-          xres[p][k] = __ldg(
-              reinterpret_cast<const int4 *>(xi + (k * LR::kLanes + lane % LR::kLanes) * 8));
+          xres[p][k] =
+              __ldg(reinterpret_cast<const int4 *>(xi + (k * LR::kLanes + lane % LR::kLanes) * 8));
       }
     }
     // The mainloop: a slab's four products are committed as one group; once the group before
@@ -852,8 +852,9 @@ void dgelu(const char *fn, void *dpre, void *hidden, float *dweight, float *dpre
   // weight^T (IC, OC), K-major, transposed into scratch first.
   bf16 *wt = reinterpret_cast<bf16 *>(scratch);
   float *sums = scratch + transposed_floats(IC, OC), *blocks = sums + sums_floats(IC);
-  const Product p = {dpre,    hidden, dout, wt, nullptr, pre, dpre_sums ? sums : nullptr,
-                     dweight ? blocks : nullptr, N, OC, IC, {}};
+  const Product p = {
+      dpre, hidden, dout, wt, nullptr, pre, dpre_sums ? sums : nullptr, dweight ? blocks : nullptr,
+      N,    OC,     IC,   {}};
   check_product(fn, p);
   if (!scratch || (uintptr_t)scratch % 16 != 0) {
     fprintf(stderr, "%s: scratch missing or not 16-byte aligned\n", fn);
@@ -934,8 +935,8 @@ bool linear_hopper_gelu_residual_layernorm_supported(int IC, int C) {
   return (C == 96 || C == 128 || C == 192) && linear_hopper_supported(IC, C);
 }
 
-void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean,
-                                                float *rstd, const void *x_in, const void *pre,
+void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean, float *rstd,
+                                                const void *x_in, const void *pre,
                                                 const void *weight, const void *bias,
                                                 const float *scale, const float *ln_weight,
                                                 const float *ln_bias, const WindowMap *ln_map,
@@ -958,9 +959,18 @@ void linear_hopper_gelu_residual_layernorm_cuda(void *x_out, void *ln_out, float
     abort();
   }
   if (N == 0) return;
-  p.rl = {static_cast<bf16 *>(x_out), static_cast<bf16 *>(ln_out), mean, rstd,
-          static_cast<const bf16 *>(x_in), scale, ln_weight, ln_bias,
-          layernorm::row_map(nullptr, L, N), layernorm::row_map(ln_map, L, N), L};
+  ResLn &rl = p.rl;
+  rl.x_out = static_cast<bf16 *>(x_out);
+  rl.ln_out = static_cast<bf16 *>(ln_out);
+  rl.mean = mean;
+  rl.rstd = rstd;
+  rl.x_in = static_cast<const bf16 *>(x_in);
+  rl.scale = scale;
+  rl.weight = ln_weight;
+  rl.bias = ln_bias;
+  rl.bmap = layernorm::row_map(nullptr, L, N);
+  rl.lmap = layernorm::row_map(ln_map, L, N);
+  rl.L = L;
   switch (C) {
     case 96:
       return launch<96, kGeluInputResLn>(p, stream);

@@ -215,11 +215,11 @@ __global__ void __launch_bounds__(kThreads)
 // residual_layernorm_forward_cuda gives. The branch never goes to memory: 2 x 77 MB a call less
 // at Swin-T's batch 128 (kernels/PERF.md, version 24).
 constexpr int kFusedC = 96;
-constexpr int kFusedLanes = 4;                                  // lanes a row
-constexpr int kFusedVecs = kFusedC / (8 * kFusedLanes);         // 16-byte vectors a lane
-constexpr int kFusedRowsPerPass = 32 / kFusedLanes;             // rows a warp a pass
+constexpr int kFusedLanes = 4;                                    // lanes a row
+constexpr int kFusedVecs = kFusedC / (8 * kFusedLanes);           // 16-byte vectors a lane
+constexpr int kFusedRowsPerPass = 32 / kFusedLanes;               // rows a warp a pass
 constexpr int kFusedPasses = kRows / kWarps / kFusedRowsPerPass;  // passes a warp a tile
-constexpr int kFusedLdStage = kFusedC + kPad;                   // the CTA's staged rows
+constexpr int kFusedLdStage = kFusedC + kPad;                     // the CTA's staged rows
 static_assert(kFusedVecs * 8 * kFusedLanes == kFusedC, "whole vectors a lane");
 static_assert(kRows * kFusedLdStage <= kWarps * SmallKLayout<kFusedC, kFusedC>::kStageElems,
               "the CTA's tile fits the warps' staging tiles");
@@ -229,8 +229,7 @@ static_assert(kRows * kFusedLdStage <= kWarps * SmallKLayout<kFusedC, kFusedC>::
 template <int IC, int LD>
 __device__ __forceinline__ void copy_mapped_rows_async(bf16 *tile, const bf16 *__restrict__ src,
                                                        int64_t first, int rows, int64_t N,
-                                                       const layernorm::RowMap &imap,
-                                                       int64_t L) {
+                                                       const layernorm::RowMap &imap, int64_t L) {
   constexpr int kChunks = IC / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
@@ -240,16 +239,12 @@ __device__ __forceinline__ void copy_mapped_rows_async(bf16 *tile, const bf16 *_
 }
 
 // Grid and shared memory as linear_small_k_kernel<96, 96> (one slice).
-__global__ void __launch_bounds__(kThreads)
-    linear_small_k_residual_ln_kernel(bf16 *__restrict__ x_out, bf16 *__restrict__ ln_out,
-                                      float *__restrict__ mean, float *__restrict__ rstd,
-                                      const bf16 *__restrict__ x_in, const bf16 *__restrict__ inp,
-                                      layernorm::RowMap imap, const float *__restrict__ scale,
-                                      const bf16 *__restrict__ weight,
-                                      const bf16 *__restrict__ bias,
-                                      const float *__restrict__ ln_weight,
-                                      const float *__restrict__ ln_bias, int64_t N, int64_t L,
-                                      int64_t groups) {
+__global__ void __launch_bounds__(kThreads) linear_small_k_residual_ln_kernel(
+    bf16 *__restrict__ x_out, bf16 *__restrict__ ln_out, float *__restrict__ mean,
+    float *__restrict__ rstd, const bf16 *__restrict__ x_in, const bf16 *__restrict__ inp,
+    layernorm::RowMap imap, const float *__restrict__ scale, const bf16 *__restrict__ weight,
+    const bf16 *__restrict__ bias, const float *__restrict__ ln_weight,
+    const float *__restrict__ ln_bias, int64_t N, int64_t L, int64_t groups) {
   constexpr int C = kFusedC;
   using Lay = SmallKLayout<C, C>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -289,8 +284,8 @@ __global__ void __launch_bounds__(kThreads)
     int4 xr[kFusedPasses][kFusedVecs];
 #pragma unroll
     for (int p = 0; p < kFusedPasses; p++) {
-      const int64_t t = tile * kRows + warp * (kRows / kWarps) + p * kFusedRowsPerPass +
-                        lane / kFusedLanes;
+      const int64_t t =
+          tile * kRows + warp * (kRows / kWarps) + p * kFusedRowsPerPass + lane / kFusedLanes;
       const bf16 *xi = x_in + (t < N ? t : 0) * C;
 #pragma unroll
       for (int k = 0; k < kFusedVecs; k++)
@@ -318,7 +313,7 @@ __global__ void __launch_bounds__(kThreads)
       const bool active = t < N;  // inactive rows still take part in the shuffles
       const int64_t row = active ? t : 0;
       const float s = scale ? scale[layernorm::image_of(imap, row, L)] : 1.0f;
-      int4 (&raw)[kFusedVecs] = xr[p];
+      int4(&raw)[kFusedVecs] = xr[p];
 #pragma unroll
       for (int k = 0; k < kFusedVecs; k++) {
         const int c = (k * kFusedLanes + sl) * 8;

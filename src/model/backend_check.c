@@ -12,38 +12,38 @@
 
 // Every op the layer wraps, by its BackendOps field: the enum, the names and the table's
 // entries all come from this one list.
-#define CHECKED_OPS(X)           \
-  X(to_compute)                  \
-  X(patch_embed_input)           \
-  X(drop_path_scales)            \
-  X(images_normalize)            \
-  X(batch_augment)               \
-  X(linear_forward)              \
-  X(mlp_forward)                 \
-  X(linear_backward)             \
-  X(gelu_linear_backward)        \
-  X(residual_layernorm_forward)  \
+#define CHECKED_OPS(X)                 \
+  X(to_compute)                        \
+  X(patch_embed_input)                 \
+  X(drop_path_scales)                  \
+  X(images_normalize)                  \
+  X(batch_augment)                     \
+  X(linear_forward)                    \
+  X(mlp_forward)                       \
+  X(linear_backward)                   \
+  X(gelu_linear_backward)              \
+  X(residual_layernorm_forward)        \
   X(linear_residual_layernorm_forward) \
-  X(mlp_residual_layernorm_forward) \
-  X(residual_layernorm_backward) \
-  X(merge_layernorm_forward)     \
-  X(merge_layernorm_backward)    \
-  X(postnorm_residual_forward)   \
-  X(postnorm_residual_backward)  \
-  X(patch_merge_forward)         \
-  X(patch_merge_backward)        \
-  X(attention_forward)           \
-  X(attention_backward)          \
-  X(cosine_qk_forward)           \
-  X(cosine_qk_backward)          \
-  X(cpb_forward)                 \
-  X(cpb_backward)                \
-  X(head_forward)                \
-  X(head_backward)               \
-  X(train_loss)                  \
-  X(eval_metrics)                \
-  X(optimizer_step)              \
-  X(ema_update)                  \
+  X(mlp_residual_layernorm_forward)    \
+  X(residual_layernorm_backward)       \
+  X(merge_layernorm_forward)           \
+  X(merge_layernorm_backward)          \
+  X(postnorm_residual_forward)         \
+  X(postnorm_residual_backward)        \
+  X(patch_merge_forward)               \
+  X(patch_merge_backward)              \
+  X(attention_forward)                 \
+  X(attention_backward)                \
+  X(cosine_qk_forward)                 \
+  X(cosine_qk_backward)                \
+  X(cpb_forward)                       \
+  X(cpb_backward)                      \
+  X(head_forward)                      \
+  X(head_backward)                     \
+  X(train_loss)                        \
+  X(eval_metrics)                      \
+  X(optimizer_step)                    \
+  X(ema_update)                        \
   X(weights_swap)
 
 typedef enum {
@@ -387,11 +387,13 @@ static void check_residual_layernorm_forward(Backend *be, void *x_out, void *ln_
 // Without dln the LayerNorm's inputs and gradients are not touched; without dbranch its scale.
 // The layer's output goes to branch on a backend that composes the two ops; one that fuses them
 // may leave it untouched, so branch is checked as written.
-static void check_linear_residual_layernorm_forward(
-    Backend *be, void *x_out, void *ln_out, float *mean, float *rstd, void *branch,
-    const void *x_in, const void *inp, const void *weight, const void *lin_bias,
-    const WindowMap *branch_map, const float *scale, const float *ln_weight, const float *ln_bias,
-    int B, int64_t L, int IC, int C) {
+static void check_linear_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out,
+                                                    float *mean, float *rstd, void *branch,
+                                                    const void *x_in, const void *inp,
+                                                    const void *weight, const void *lin_bias,
+                                                    const WindowMap *branch_map, const float *scale,
+                                                    const float *ln_weight, const float *ln_bias,
+                                                    int B, int64_t L, int IC, int C) {
   Call c = call_begin(be, CHECK_OP_linear_residual_layernorm_forward);
   int64_t rows = (int64_t)B * L, n = rows * C;
   CHECK(x_out, be->act, n);
@@ -406,18 +408,18 @@ static void check_linear_residual_layernorm_forward(
   CHECK(scale, DTYPE_F32, B);
   CHECK(ln_weight, DTYPE_F32, C);
   CHECK(ln_bias, DTYPE_F32, C);
-  INNER->linear_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, branch, x_in, inp,
-                                           weight, lin_bias, branch_map, scale, ln_weight,
-                                           ln_bias, B, L, IC, C);
+  INNER->linear_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, branch, x_in, inp, weight,
+                                           lin_bias, branch_map, scale, ln_weight, ln_bias, B, L,
+                                           IC, C);
 }
 
 // The MLP's checks as check_mlp_forward's (out is branch), then the residual's as
 // check_residual_layernorm_forward's.
 static void check_mlp_residual_layernorm_forward(
     Backend *be, void *x_out, void *ln_out, float *mean, float *rstd, void *branch, void *pre,
-    void *hidden, const void *x_in, const void *inp, const void *w1, const void *b1,
-    const void *w2, const void *b2, const float *scale, const float *ln_weight,
-    const float *ln_bias, const WindowMap *ln_map, int B, int64_t L, int C, int H) {
+    void *hidden, const void *x_in, const void *inp, const void *w1, const void *b1, const void *w2,
+    const void *b2, const float *scale, const float *ln_weight, const float *ln_bias,
+    const WindowMap *ln_map, int B, int64_t L, int C, int H) {
   Call c = call_begin(be, CHECK_OP_mlp_residual_layernorm_forward);
   int64_t rows = (int64_t)B * L, n = rows * C;
   CHECK(pre, be->act, rows * H);

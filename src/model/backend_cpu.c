@@ -235,14 +235,13 @@ static void cpu_residual_layernorm_forward(Backend *be, void *x_out, void *ln_ou
                                  bias, ln_map, B, L, C, cpu_scratch(be, 2 * (int64_t)B * L * C));
 }
 
-static void cpu_mlp_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out,
-                                               float *mean, float *rstd, void *branch, void *pre,
-                                               void *hidden, const void *x_in, const void *inp,
-                                               const void *w1, const void *b1, const void *w2,
-                                               const void *b2, const float *scale,
-                                               const float *ln_weight, const float *ln_bias,
-                                               const WindowMap *ln_map, int B, int64_t L, int C,
-                                               int H) {
+static void cpu_mlp_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
+                                               float *rstd, void *branch, void *pre, void *hidden,
+                                               const void *x_in, const void *inp, const void *w1,
+                                               const void *b1, const void *w2, const void *b2,
+                                               const float *scale, const float *ln_weight,
+                                               const float *ln_bias, const WindowMap *ln_map, int B,
+                                               int64_t L, int C, int H) {
   cpu_mlp_forward(be, branch, pre, hidden, inp, w1, b1, w2, b2, (int64_t)B * L, C, H);
   cpu_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, NULL, scale,
                                  ln_weight, ln_bias, ln_map, B, L, C);
