@@ -96,8 +96,8 @@ void linear_backward_cuda(GemmContext *g, DType dt, void *dinp, float *dweight, 
 //   as stored in bf16), computed by the bf16 GELU forward's own device function: bitwise
 //   gelu_forward_cuda(DTYPE_BF16, post, pre, N * OC, stream) of this pre.
 // All __nv_bfloat16 device pointers, launched on stream (no synchronization).
-// Limits: IC 96 or 192 (a tile's whole K sits in shared memory), OC a positive multiple of 32,
-// any N >= 0, every pointer but bias 16-byte aligned. linear_small_k_supported(IC, OC) says
+// Limits: IC 96, 128 or 192 (a tile's whole K sits in shared memory), OC a positive multiple of
+// 32, any N >= 0, every pointer but bias 16-byte aligned. linear_small_k_supported(IC, OC) says
 // whether a shape is served; callers check it, and the forward aborts with a message naming
 // the argument on anything else (an internal error).
 bool linear_small_k_supported(int IC, int OC);

@@ -1,6 +1,7 @@
 // bench_gemm.cu: our own linear-layer kernels timed against cuBLASLt at batch 128, bf16
 // (kernels/PERF.md). Five tables.
-// 1. The small-K GEMM (kernels/cuda/gemm_small_k.cu) on Swin-T's stage 0 and 1 linear layers:
+// 1. The small-K GEMM (kernels/cuda/gemm_small_k.cu) on Swin-T's stage 0 and 1 linear layers and
+//   Swin-B's stage 0 (cuBLASLt's path there):
 //   (a) cuBLASLt linear_forward_cuda (bias in its epilogue; the model's path in stage 1);
 //   (b) linear_small_k_forward_cuda with post = NULL (the model's path in stage 0);
 //   and for the MLP's first layer (fc1) also
@@ -66,11 +67,14 @@ struct Shape {
   bool fc1;  // the MLP's first layer: GELU follows
 };
 
-// Swin-T at batch 128: stage 0 (56 x 56 tokens, C = 96), stage 1 (28 x 28, C = 192).
+// Swin-T at batch 128: stage 0 (56 x 56 tokens, C = 96), stage 1 (28 x 28, C = 192); Swin-B's
+// stage 0 (C = 128, "B").
 const Shape kShapes[] = {
-    {"s0 qkv", 401408, 96, 288, false},   {"s0 proj", 401408, 96, 96, false},
-    {"s0 fc1", 401408, 96, 384, true},    {"s1 qkv", 100352, 192, 576, false},
-    {"s1 proj", 100352, 192, 192, false}, {"s1 fc1", 100352, 192, 768, true},
+    {"s0 qkv", 401408, 96, 288, false},    {"s0 proj", 401408, 96, 96, false},
+    {"s0 fc1", 401408, 96, 384, true},     {"s1 qkv", 100352, 192, 576, false},
+    {"s1 proj", 100352, 192, 192, false},  {"s1 fc1", 100352, 192, 768, true},
+    {"B s0 qkv", 401408, 128, 384, false}, {"B s0 proj", 401408, 128, 128, false},
+    {"B s0 fc1", 401408, 128, 512, true},
 };
 
 // x (n) uniform in [-scale, scale) from a hash of the index and seed.
@@ -103,10 +107,10 @@ void small_k_table(GemmContext *g, cudaStream_t stream) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   printf(
-      "bf16 linear layers, Swin-T batch 128, %s; us = median of %d; TB/s = (2 N IC + 2 N OC "
-      "[x2 with GELU]) / time\n",
+      "bf16 linear layers, Swin-T (and Swin-B: B) batch 128, %s; us = median of %d; TB/s = "
+      "(2 N IC + 2 N OC [x2 with GELU]) / time\n",
       prop.name, kRepeats);
-  printf("%-8s %7s %4s %4s | %9s %5s | %9s %5s | %6s | %9s %5s | %9s %5s | %6s\n", "shape", "N",
+  printf("%-9s %7s %4s %4s | %9s %5s | %9s %5s | %6s | %9s %5s | %9s %5s | %6s\n", "shape", "N",
          "IC", "OC", "cuBLASLt", "TB/s", "ours", "TB/s", "ratio", "cuBL+GELU", "TB/s", "fused",
          "TB/s", "ratio");
   for (const Shape &s : kShapes) {
@@ -129,7 +133,7 @@ void small_k_table(GemmContext *g, cudaStream_t stream) {
       linear_small_k_forward_cuda(pre, nullptr, inp, weight, bias, s.N, s.IC, s.OC, stream);
     });
     const double plain = layer_bytes(s, false), fused = layer_bytes(s, true);
-    printf("%-8s %7lld %4d %4d | %9.1f %5.2f | %9.1f %5.2f | %6.3f |", s.name, (long long)s.N, s.IC,
+    printf("%-9s %7lld %4d %4d | %9.1f %5.2f | %9.1f %5.2f | %6.3f |", s.name, (long long)s.N, s.IC,
            s.OC, a, tb_per_s(plain, a), b, tb_per_s(plain, b), b / a);
     if (s.fc1) {
       const double c = median_us(stream, [&] {

@@ -7,7 +7,7 @@
 //   post == NULL leaves the post buffer untouched; bias == NULL adds nothing.
 //   Shapes: Swin-T's (IC, OC) of stages 0 and 1 with N = 1, 77, 4099 (one and two partial row
 //   tiles) and 50,000 (many tiles per CTA); widths that are not multiples of 96 (the 64- and
-//   32-column slices) once each.
+//   32-column slices) and Swin-B's stage-0 shapes (IC = 128) once each.
 // linear_hopper_forward_cuda, the wgmma/TMA layer with the same contract (on a compute capability
 //   9.0 device and a build for sm_90a; otherwise these cases print SKIP), the same checks: every
 //   forward linear shape of Swin-T (qkv, proj, fc1 with its GELU, fc2 and the patch merging
@@ -56,8 +56,10 @@ static const SmallKShape swin_shapes[] = {
     {96, 96}, {96, 288}, {96, 384}, {192, 192}, {192, 576}, {192, 768},
 };
 static const int64_t swin_rows[] = {1, 77, 4099, 50000};
-// Widths served by the narrower slices (OC % 96 != 0).
-static const SmallKShape other_shapes[] = {{96, 128}, {192, 64}, {96, 160}};
+// Widths served by the narrower slices (OC % 96 != 0), and Swin-B's stage 0 (IC = 128: proj,
+// qkv, fc1).
+static const SmallKShape other_shapes[] = {{96, 128},  {192, 64},  {96, 160},
+                                           {128, 128}, {128, 384}, {128, 512}};
 
 typedef struct {
   bool bias, post;
@@ -679,10 +681,10 @@ static void check_hopper_residual_ln(int B, int H, int C, int window, int shift,
 // The shape query agrees with the header's limits.
 static void check_supported(void) {
   bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
-            linear_small_k_supported(96, 32) && !linear_small_k_supported(128, 384) &&
-            !linear_small_k_supported(384, 96) && !linear_small_k_supported(96, 100) &&
-            !linear_small_k_supported(96, 0);
-  test_check(ok, "linear_small_k_supported: IC 96 or 192, OC a positive multiple of 32");
+            linear_small_k_supported(128, 384) && linear_small_k_supported(96, 32) &&
+            !linear_small_k_supported(160, 384) && !linear_small_k_supported(384, 96) &&
+            !linear_small_k_supported(96, 100) && !linear_small_k_supported(96, 0);
+  test_check(ok, "linear_small_k_supported: IC 96, 128 or 192, OC a positive multiple of 32");
   test_check(linear_small_k_residual_layernorm_supported(96, 96) &&
                  !linear_small_k_residual_layernorm_supported(96, 192) &&
                  !linear_small_k_residual_layernorm_supported(192, 192),

@@ -1,10 +1,11 @@
 // gemm_small_k.cu: a linear layer for small K on tensor cores, with the bias and, optionally,
 // the exact GELU in its epilogue (kernels/gemm.h: linear_small_k_forward_cuda). bf16 only.
-// Swin-T's stage 0 and 1 linear layers (IC = 96, 192) are bound by their bytes, and elsewhere
-// the MLP's first layer is cuBLASLt (pre = inp W^T + b) followed by a GELU pass that reads pre
-// back and writes post; here one kernel writes both. scripts/bench_gemm.cu measures it
-// against cuBLASLt (kernels/PERF.md, version 12): faster for IC = 96, which the model uses
-// (src/model/backend_cuda.cu, use_small_k), slower for IC = 192, which it does not.
+// Swin-T's stage 0 and 1 linear layers (IC = 96, 192) and Swin-B's stage 0 (IC = 128) are bound
+// by their bytes, and elsewhere the MLP's first layer is cuBLASLt (pre = inp W^T + b) followed by
+// a GELU pass that reads pre back and writes post; here one kernel writes both.
+// scripts/bench_gemm.cu measures it against cuBLASLt (kernels/PERF.md, version 12): faster for
+// IC = 96, which the model uses (src/model/backend_cuda.cu, use_small_k), slower for IC = 192,
+// which it does not; IC = 128 is built for that measurement (version 26) and not used yet.
 //
 // What the largest shape costs (stage 0 fc1 at batch 128: N = 401408, IC = 96, OC = 384):
 //   bytes: inp 2 N IC = 77.1 MB, pre 2 N OC = 308.3 MB, post 308.3 MB (weight 74 KB, bias:
@@ -31,7 +32,8 @@
 // (kernels/cuda/gelu.cuh), the function the GELU forward kernel uses, so post is bitwise what
 // gelu_forward_cuda gives from this pre.
 // Resources (ptxas, sm_90) for the 96-column slices of Swin-T: 128 registers, no spills; shared
-// memory 60,928 B per CTA for IC = 96 (3 CTAs, 12 warps per SM), 103,936 B for IC = 192 (2 CTAs).
+// memory 60,928 B per CTA for IC = 96 (3 CTAs, 12 warps per SM), 75,264 B for IC = 128 (3 CTAs),
+// 103,936 B for IC = 192 (2 CTAs).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -396,7 +398,7 @@ void launch_for_ic(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, c
 
 [[noreturn]] void small_k_refuse(const char *what, long long value) {
   fprintf(stderr,
-          "linear_small_k_forward_cuda: unsupported %s = %lld (IC must be 96 or 192, OC a "
+          "linear_small_k_forward_cuda: unsupported %s = %lld (IC must be 96, 128 or 192, OC a "
           "positive multiple of 32, N >= 0, pointers 16-byte aligned)\n"
           "HINT: the caller must check linear_small_k_supported(IC, OC) and use "
           "linear_forward_cuda otherwise\n",
@@ -407,7 +409,7 @@ void launch_for_ic(bf16 *pre, bf16 *post, const bf16 *inp, const bf16 *weight, c
 }  // namespace
 
 bool linear_small_k_supported(int IC, int OC) {
-  return (IC == 96 || IC == 192) && slice_columns(OC) != 0;
+  return (IC == 96 || IC == 128 || IC == 192) && slice_columns(OC) != 0;
 }
 
 bool linear_small_k_residual_layernorm_supported(int IC, int C) {
@@ -447,7 +449,7 @@ void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *me
 
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
                                  const void *bias, int64_t N, int IC, int OC, cudaStream_t stream) {
-  if (IC != 96 && IC != 192) small_k_refuse("IC", IC);
+  if (IC != 96 && IC != 128 && IC != 192) small_k_refuse("IC", IC);
   if (slice_columns(OC) == 0) small_k_refuse("OC", OC);
   if (N < 0) small_k_refuse("N", (long long)N);
   if (N == 0) return;
@@ -460,6 +462,8 @@ void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const v
              *b = static_cast<const bf16 *>(bias);
   if (IC == 96)
     launch_for_ic<96>(p, q, x, w, b, N, OC, stream);
+  else if (IC == 128)
+    launch_for_ic<128>(p, q, x, w, b, N, OC, stream);
   else
     launch_for_ic<192>(p, q, x, w, b, N, OC, stream);
 }
