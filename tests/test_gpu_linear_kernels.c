@@ -35,7 +35,8 @@
 // linear_small_k_residual_layernorm_cuda, the small-K layer with the residual + LayerNorm forward
 //   in its epilogue: x_out, ln_out, mean and rstd bitwise the layer followed by
 //   residual_layernorm_forward_cuda (its definition, run on the GPU) on Swin-T's stage-0 map of 2
-//   and 16 images, a ragged last tile, and an unshifted map without drop path or bias.
+//   and 16 images, a ragged last tile, an unshifted map without drop path or bias, and Swin-B's
+//   stage 0 (C = 128).
 // linear_hopper_gelu_residual_layernorm_cuda, the MLP's second layer with the residual +
 //   LayerNorm forward in its epilogue: the same bitwise check against
 //   linear_hopper_gelu_forward_tile (width C) followed by residual_layernorm_forward_cuda, for C
@@ -604,18 +605,17 @@ static void resln_compare_free(ResLnRun *r, const char *ctx) {
   free(r->sc);
 }
 
-// linear_small_k_residual_layernorm_cuda (C = 96): the definition is linear_small_k_forward_cuda
-// then the residual LayerNorm with the branch in the windows of side `window` shifted by `shift`,
-// LN2 in token order.
-static void check_residual_ln(int B, int H, int window, int shift, bool scaled, bool with_bias,
-                              TestRng *rng) {
+// linear_small_k_residual_layernorm_cuda (C = 96 or 128): the definition is
+// linear_small_k_forward_cuda then the residual LayerNorm with the branch in the windows of side
+// `window` shifted by `shift`, LN2 in token order.
+static void check_residual_ln(int B, int H, int C, int window, int shift, bool scaled,
+                              bool with_bias, TestRng *rng) {
   char ctx[160];
   snprintf(ctx, sizeof ctx,
-           "linear_small_k_residual_layernorm B=%d %dx%d window %d shift %d (%s, %s)", B, H, H,
-           window, shift, scaled ? "drop path" : "scale NULL", with_bias ? "bias" : "no bias");
+           "linear_small_k_residual_layernorm B=%d %dx%d C=%d window %d shift %d (%s, %s)", B, H, H,
+           C, window, shift, scaled ? "drop path" : "scale NULL", with_bias ? "bias" : "no bias");
   ResLnRun r;
-  resln_setup(&r, B, H, 96, true, scaled, rng);
-  const int C = r.C;
+  resln_setup(&r, B, H, C, true, scaled, rng);
   const int64_t nw = (int64_t)C * C;
   const float ws = 1.0f / sqrtf((float)C);  // the layer's outputs ~1
   float *inp = test_random_act(rng, DTYPE_BF16, r.n, -1.0f, 1.0f);
@@ -686,9 +686,10 @@ static void check_supported(void) {
             !linear_small_k_supported(96, 100) && !linear_small_k_supported(96, 0);
   test_check(ok, "linear_small_k_supported: IC 96, 128 or 192, OC a positive multiple of 32");
   test_check(linear_small_k_residual_layernorm_supported(96, 96) &&
+                 linear_small_k_residual_layernorm_supported(128, 128) &&
                  !linear_small_k_residual_layernorm_supported(96, 192) &&
                  !linear_small_k_residual_layernorm_supported(192, 192),
-             "linear_small_k_residual_layernorm_supported: IC = C = 96");
+             "linear_small_k_residual_layernorm_supported: IC = C = 96 or 128");
 }
 #endif
 
@@ -711,10 +712,11 @@ int main(void) {
              (SmallKMode){.bias = false, .post = true}, &rng);
   // Swin-T's stage 0 (2 images: whole tiles), a ragged last tile (196 rows), 2,352 rows
   // unshifted without scale or bias, and 16 images (two tiles a CTA).
-  check_residual_ln(2, 56, 7, 3, true, true, &rng);
-  check_residual_ln(1, 14, 7, 3, true, true, &rng);
-  check_residual_ln(3, 28, 7, 0, false, false, &rng);
-  check_residual_ln(16, 56, 7, 3, true, true, &rng);
+  check_residual_ln(2, 56, 96, 7, 3, true, true, &rng);
+  check_residual_ln(1, 14, 96, 7, 3, true, true, &rng);
+  check_residual_ln(3, 28, 96, 7, 0, false, false, &rng);
+  check_residual_ln(16, 56, 96, 7, 3, true, true, &rng);
+  check_residual_ln(2, 56, 128, 7, 3, true, true, &rng);  // Swin-B's stage 0
   // Stage 0 (2 images, LN1 into shifted windows), stage 1's C = 192 (a ragged last tile of
   // 128 rows: 3 images of 14 x 14), a stage's end (the residual alone), Swin-B's C = 128 with
   // LN in token order, and 16 images of stage 0 (several tiles a CTA).

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -208,23 +209,31 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- the layer with the residual and LayerNorm after it -------------------------------------
 // linear_small_k_residual_layernorm_cuda (kernels/gemm.h): a block's proj + [x1 = x + s proj; LN2]
-// in stage 0 (C = 96). The CTA's tile is 64 tokens in token order x all C output features, its
-// input rows gathered from the window order (imap), so the epilogue holds whole rows: it stages
-// the tile (+ bias, rounded to bf16: the values the plain layer stores) across the CTA, then runs
-// the residual + LayerNorm forward's row code (layernorm_register.cu) on them, 4 lanes a row,
-// 3 vectors a lane, as that kernel does for C = 96; the same functions in the same order, so
+// in stage 0 (C = 96 in Swin-T, 128 in Swin-B). The CTA's tile is 64 tokens in token order x all
+// C output features, its input rows gathered from the window order (imap), so the epilogue holds
+// whole rows: it stages the tile (+ bias, rounded to bf16: the values the plain layer stores)
+// across the CTA, then runs the residual + LayerNorm forward's row code (layernorm_register.cu)
+// on them, 4 lanes a row and 3 or 4 vectors a lane, as that kernel does for these widths; the
+// same functions in the same order, so
 // x_out, ln_out, mean and rstd are bitwise what the layer followed by
 // residual_layernorm_forward_cuda gives. The branch never goes to memory: 2 x 77 MB a call less
-// at Swin-T's batch 128 (kernels/PERF.md, version 24).
-constexpr int kFusedC = 96;
-constexpr int kFusedLanes = 4;                                    // lanes a row
-constexpr int kFusedVecs = kFusedC / (8 * kFusedLanes);           // 16-byte vectors a lane
-constexpr int kFusedRowsPerPass = 32 / kFusedLanes;               // rows a warp a pass
-constexpr int kFusedPasses = kRows / kWarps / kFusedRowsPerPass;  // passes a warp a tile
-constexpr int kFusedLdStage = kFusedC + kPad;                     // the CTA's staged rows
-static_assert(kFusedVecs * 8 * kFusedLanes == kFusedC, "whole vectors a lane");
-static_assert(kRows * kFusedLdStage <= kWarps * SmallKLayout<kFusedC, kFusedC>::kStageElems,
-              "the CTA's tile fits the warps' staging tiles");
+// at Swin-T's batch 128 (kernels/PERF.md, version 24). Resources (ptxas, sm_90): C = 96 96
+// registers (8 bytes spilled around the 64-bit divisions of maps past 2^31 rows), 60,928 B of
+// shared memory, 3 CTAs an SM; C = 128 127 registers, 88,064 B, 2 CTAs.
+
+// The row layout of the residual LayerNorm forward for C = 96 or 128 bf16 features (reg_shape's
+// exact fit: 4 lanes a row, 3 or 4 vectors a lane), over the CTA's 64 rows.
+template <int C>
+struct FusedRows {
+  static constexpr int kLanes = 4;                               // lanes a row
+  static constexpr int kVecs = C / (8 * kLanes);                 // 16-byte vectors a lane
+  static constexpr int kRowsPerPass = 32 / kLanes;               // rows a warp a pass
+  static constexpr int kPasses = kRows / kWarps / kRowsPerPass;  // passes a warp a tile
+  static constexpr int kLdStage = C + kPad;                      // the CTA's staged rows
+  static_assert(kVecs * 8 * kLanes == C && (kVecs == 3 || kVecs == 4), "an exact fit");
+  static_assert(kRows * kLdStage <= kWarps * SmallKLayout<C, C>::kStageElems,
+                "the CTA's tile fits the warps' staging tiles");
+};
 
 // copy_rows_async for the rows first .. first + rows - 1 of a gathered input: row t of the tile
 // comes from row mapped_row(imap, t, L) of src; rows at or past N read row N - 1's source.
@@ -240,22 +249,23 @@ __device__ __forceinline__ void copy_mapped_rows_async(bf16 *tile, const bf16 *_
   }
 }
 
-// Grid and shared memory as linear_small_k_kernel<96, 96> (one slice).
+// Grid and shared memory as linear_small_k_kernel<C, C> (one slice).
+template <int C>
 __global__ void __launch_bounds__(kThreads) linear_small_k_residual_ln_kernel(
     bf16 *__restrict__ x_out, bf16 *__restrict__ ln_out, float *__restrict__ mean,
     float *__restrict__ rstd, const bf16 *__restrict__ x_in, const bf16 *__restrict__ inp,
     layernorm::RowMap imap, const float *__restrict__ scale, const bf16 *__restrict__ weight,
     const bf16 *__restrict__ bias, const float *__restrict__ ln_weight,
     const float *__restrict__ ln_bias, int64_t N, int64_t L, int64_t groups) {
-  constexpr int C = kFusedC;
   using Lay = SmallKLayout<C, C>;
+  using F = FusedRows<C>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *w_tile = reinterpret_cast<bf16 *>(smem);
   bf16 *in_tiles = w_tile + Lay::kWeightElems;
   bf16 *stage = in_tiles + 2 * Lay::kInputElems;  // (64, C) padded, the whole CTA's
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int sl = lane % kFusedLanes;
+  const int sl = lane % F::kLanes;
   const int64_t tiles = (N + kRows - 1) / kRows;
   const int warp_row = (warp / 2) * kWarpRows, warp_col = (warp % 2) * Lay::kWarpCols;
 
@@ -283,15 +293,15 @@ __global__ void __launch_bounds__(kThreads) linear_small_k_residual_ln_kernel(
     cp_async_commit();
 
     // The residual rows this lane will need, loaded now so that the products hide their latency.
-    int4 xr[kFusedPasses][kFusedVecs];
+    int4 xr[F::kPasses][F::kVecs];
 #pragma unroll
-    for (int p = 0; p < kFusedPasses; p++) {
+    for (int p = 0; p < F::kPasses; p++) {
       const int64_t t =
-          tile * kRows + warp * (kRows / kWarps) + p * kFusedRowsPerPass + lane / kFusedLanes;
+          tile * kRows + warp * (kRows / kWarps) + p * F::kRowsPerPass + lane / F::kLanes;
       const bf16 *xi = x_in + (t < N ? t : 0) * C;
 #pragma unroll
-      for (int k = 0; k < kFusedVecs; k++)
-        xr[p][k] = *reinterpret_cast<const int4 *>(xi + (k * kFusedLanes + sl) * 8);
+      for (int k = 0; k < F::kVecs; k++)
+        xr[p][k] = *reinterpret_cast<const int4 *>(xi + (k * F::kLanes + sl) * 8);
     }
 
     float acc[2][Lay::kNTiles][4] = {};
@@ -300,38 +310,38 @@ __global__ void __launch_bounds__(kThreads) linear_small_k_residual_ln_kernel(
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
       for (int nj = 0; nj < Lay::kNTiles; nj++) {
-        bf16 *st = stage + (warp_row + mi * 16 + g) * kFusedLdStage + warp_col + nj * 8 + 2 * t4;
+        bf16 *st = stage + (warp_row + mi * 16 + g) * F::kLdStage + warp_col + nj * 8 + 2 * t4;
         const float *c = acc[mi][nj];
         *reinterpret_cast<uint32_t *>(st) = pack2<bf16>(c[0] + bias_v[nj][0], c[1] + bias_v[nj][1]);
-        *reinterpret_cast<uint32_t *>(st + 8 * kFusedLdStage) =
+        *reinterpret_cast<uint32_t *>(st + 8 * F::kLdStage) =
             pack2<bf16>(c[2] + bias_v[nj][0], c[3] + bias_v[nj][1]);
       }
     __syncthreads();  // the whole tile is staged
 
 #pragma unroll
-    for (int p = 0; p < kFusedPasses; p++) {
-      const int r = warp * (kRows / kWarps) + p * kFusedRowsPerPass + lane / kFusedLanes;
+    for (int p = 0; p < F::kPasses; p++) {
+      const int r = warp * (kRows / kWarps) + p * F::kRowsPerPass + lane / F::kLanes;
       const int64_t t = tile * kRows + r;
       const bool active = t < N;  // inactive rows still take part in the shuffles
       const int64_t row = active ? t : 0;
       const float s = scale ? scale[layernorm::image_of(imap, row, L)] : 1.0f;
-      int4(&raw)[kFusedVecs] = xr[p];
+      int4(&raw)[F::kVecs] = xr[p];
 #pragma unroll
-      for (int k = 0; k < kFusedVecs; k++) {
-        const int c = (k * kFusedLanes + sl) * 8;
+      for (int k = 0; k < F::kVecs; k++) {
+        const int c = (k * F::kLanes + sl) * 8;
         float v[8], bv[8];
         layernorm::unpack_vec<bf16, 8>(v, raw[k]);
-        load_vec<bf16, 8>(bv, stage + r * kFusedLdStage + c);
+        load_vec<bf16, 8>(bv, stage + r * F::kLdStage + c);
         layernorm::residual_add_vec<bf16, 8>(v, bv, s);
         raw[k] = layernorm::pack_vec<bf16, 8>(v);
         if (active) *reinterpret_cast<int4 *>(x_out + row * C + c) = raw[k];
       }
       float m, rs;
-      layernorm::row_stats_raw<bf16, 8, kFusedVecs, kFusedLanes>(raw, C, sl, &m, &rs);
+      layernorm::row_stats_raw<bf16, 8, F::kVecs, F::kLanes>(raw, C, sl, &m, &rs);
       if (!active) continue;
 #pragma unroll
-      for (int k = 0; k < kFusedVecs; k++) {
-        const int c = (k * kFusedLanes + sl) * 8;
+      for (int k = 0; k < F::kVecs; k++) {
+        const int c = (k * F::kLanes + sl) * 8;
         float v[8], y[8];
         layernorm::unpack_vec<bf16, 8>(v, raw[k]);
         layernorm::normalize_vec<8>(y, v, m, rs, ln_weight + c, ln_bias + c);
@@ -413,7 +423,7 @@ bool linear_small_k_supported(int IC, int OC) {
 }
 
 bool linear_small_k_residual_layernorm_supported(int IC, int C) {
-  return IC == kFusedC && C == kFusedC;
+  return IC == C && (C == 96 || C == 128);
 }
 
 void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *mean, float *rstd,
@@ -436,15 +446,22 @@ void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *me
     abort();
   }
   if (N == 0) return;
-  using Lay = SmallKLayout<kFusedC, kFusedC>;
-  auto kernel = linear_small_k_residual_ln_kernel;
-  const int64_t groups = one_wave_groups(kernel, Lay::kSmemBytes, 1, N);
-  kernel<<<(unsigned)groups, kThreads, Lay::kSmemBytes, stream>>>(
-      static_cast<bf16 *>(x_out), static_cast<bf16 *>(ln_out), mean, rstd,
-      static_cast<const bf16 *>(x_in), static_cast<const bf16 *>(inp),
-      layernorm::row_map(inp_map, L, N), scale, static_cast<const bf16 *>(weight),
-      static_cast<const bf16 *>(bias), ln_weight, ln_bias, N, L, groups);
-  CUDA_CHECK_LAUNCH();
+  auto run = [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    auto kernel = linear_small_k_residual_ln_kernel<W>;
+    const size_t smem = SmallKLayout<W, W>::kSmemBytes;
+    const int64_t groups = one_wave_groups(kernel, smem, 1, N);
+    kernel<<<(unsigned)groups, kThreads, smem, stream>>>(
+        static_cast<bf16 *>(x_out), static_cast<bf16 *>(ln_out), mean, rstd,
+        static_cast<const bf16 *>(x_in), static_cast<const bf16 *>(inp),
+        layernorm::row_map(inp_map, L, N), scale, static_cast<const bf16 *>(weight),
+        static_cast<const bf16 *>(bias), ln_weight, ln_bias, N, L, groups);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (C == 96)
+    run(std::integral_constant<int, 96>{});
+  else
+    run(std::integral_constant<int, 128>{});
 }
 
 void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const void *weight,
