@@ -115,7 +115,8 @@ void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const v
 // bitwise linear_small_k_forward_cuda into a branch buffer followed by
 // residual_layernorm_forward_cuda(DTYPE_BF16, x_out, ln_out, mean, rstd, x_in, branch, inp_map,
 // scale, ln_weight, ln_bias, NULL, B, L, C); the branch itself is never stored. bf16 device
-// pointers but scale, mean, rstd and the LayerNorm parameters (f32); x_out may not alias x_in.
+// pointers but scale, mean, rstd and the LayerNorm parameters (f32), none NULL but scale and
+// bias; x_out may not alias x_in.
 // linear_small_k_residual_layernorm_supported(IC, C) says which shapes it serves (IC = C = 96 or
 // 128);
 // every pointer but bias, scale and the f32 ones 16-byte aligned; it aborts on anything else.

@@ -546,34 +546,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool active = gr < M;  // inactive rows still take part in the shuffles
         const int64_t row = active ? gr : 0;
         const float sc = rl.scale ? rl.scale[ln::image_of(rl.bmap, row, rl.L)] : 1.0f;
-        int4(&raw)[LR::kVecs] = xres[p];
-#pragma unroll
-        for (int k = 0; k < LR::kVecs; k++) {
-          const int col = (k * LR::kLanes + sl) * 8;
-          float v[8], bv[8];
-          ln::unpack_vec<bf16, 8>(v, raw[k]);
-          load_vec<bf16, 8>(bv, &staged[r * T::kOutPitch + col]);
-          ln::residual_add_vec<bf16, 8>(v, bv, sc);
-          raw[k] = ln::pack_vec<bf16, 8>(v);
-          if (active) *reinterpret_cast<int4 *>(rl.x_out + row * BN + col) = raw[k];
-        }
-        if (!rl.ln_out) continue;
-        float mu, rs;
-        ln::row_stats_raw<bf16, 8, LR::kVecs, LR::kLanes>(raw, BN, sl, &mu, &rs);
-        if (!active) continue;
-        bf16 *y = rl.ln_out + ln::mapped_row(rl.lmap, row, rl.L) * BN;
-#pragma unroll
-        for (int k = 0; k < LR::kVecs; k++) {
-          const int col = (k * LR::kLanes + sl) * 8;
-          float v[8], yv[8];
-          ln::unpack_vec<bf16, 8>(v, raw[k]);
-          ln::normalize_vec<8>(yv, v, mu, rs, rl.weight + col, rl.bias + col);
-          store_vec<bf16, 8>(y + col, yv);
-        }
-        if (sl == 0) {
-          rl.mean[row] = mu;
-          rl.rstd[row] = rs;
-        }
+        // Without ln_out (a stage's last residual) the row stops after x_out.
+        bf16 *y = rl.ln_out ? rl.ln_out + ln::mapped_row(rl.lmap, row, rl.L) * BN : nullptr;
+        ln::residual_layernorm_row<bf16, 8, LR::kVecs, LR::kLanes>(
+            xres[p], &staged[r * T::kOutPitch], sc, active, rl.x_out + row * BN, y,
+            y ? rl.mean + row : nullptr, y ? rl.rstd + row : nullptr, rl.weight, rl.bias, BN, sl);
       }
     } else {
       for (int v = t; v < 64 * kVecs; v += 128) {

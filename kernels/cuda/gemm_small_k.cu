@@ -217,9 +217,9 @@ __global__ void __launch_bounds__(kThreads)
 // same functions in the same order, so
 // x_out, ln_out, mean and rstd are bitwise what the layer followed by
 // residual_layernorm_forward_cuda gives. The branch never goes to memory: 2 x 77 MB a call less
-// at Swin-T's batch 128 (kernels/PERF.md, version 24). Resources (ptxas, sm_90): C = 96 96
-// registers (8 bytes spilled around the 64-bit divisions of maps past 2^31 rows), 60,928 B of
-// shared memory, 3 CTAs an SM; C = 128 127 registers, 88,064 B, 2 CTAs.
+// at Swin-T's batch 128 (kernels/PERF.md, version 24). Resources (ptxas, sm_90): C = 96 127
+// registers, 60,928 B of shared memory, 3 CTAs an SM; C = 128 128 registers, 88,064 B, 2 CTAs;
+// no spills.
 
 // The row layout of the residual LayerNorm forward for C = 96 or 128 bf16 features (reg_shape's
 // exact fit: 4 lanes a row, 3 or 4 vectors a lane), over the CTA's 64 rows.
@@ -325,32 +325,9 @@ __global__ void __launch_bounds__(kThreads) linear_small_k_residual_ln_kernel(
       const bool active = t < N;  // inactive rows still take part in the shuffles
       const int64_t row = active ? t : 0;
       const float s = scale ? scale[layernorm::image_of(imap, row, L)] : 1.0f;
-      int4(&raw)[F::kVecs] = xr[p];
-#pragma unroll
-      for (int k = 0; k < F::kVecs; k++) {
-        const int c = (k * F::kLanes + sl) * 8;
-        float v[8], bv[8];
-        layernorm::unpack_vec<bf16, 8>(v, raw[k]);
-        load_vec<bf16, 8>(bv, stage + r * F::kLdStage + c);
-        layernorm::residual_add_vec<bf16, 8>(v, bv, s);
-        raw[k] = layernorm::pack_vec<bf16, 8>(v);
-        if (active) *reinterpret_cast<int4 *>(x_out + row * C + c) = raw[k];
-      }
-      float m, rs;
-      layernorm::row_stats_raw<bf16, 8, F::kVecs, F::kLanes>(raw, C, sl, &m, &rs);
-      if (!active) continue;
-#pragma unroll
-      for (int k = 0; k < F::kVecs; k++) {
-        const int c = (k * F::kLanes + sl) * 8;
-        float v[8], y[8];
-        layernorm::unpack_vec<bf16, 8>(v, raw[k]);
-        layernorm::normalize_vec<8>(y, v, m, rs, ln_weight + c, ln_bias + c);
-        store_vec<bf16, 8>(ln_out + row * C + c, y);
-      }
-      if (sl == 0) {
-        mean[row] = m;
-        rstd[row] = rs;
-      }
+      layernorm::residual_layernorm_row<bf16, 8, F::kVecs, F::kLanes>(
+          xr[p], stage + r * F::kLdStage, s, active, x_out + row * C, ln_out + row * C, mean + row,
+          rstd + row, ln_weight, ln_bias, C, sl);
     }
   }
 }
@@ -436,13 +413,15 @@ void linear_small_k_residual_layernorm_cuda(void *x_out, void *ln_out, float *me
   const void *aligned_ptrs[] = {x_out, ln_out, x_in, inp, weight};
   bool aligned = true;
   for (const void *p : aligned_ptrs) aligned = aligned && aligned16(p);
-  if (!linear_small_k_residual_layernorm_supported(IC, C) || N < 0 || !aligned || x_out == x_in) {
+  if (!linear_small_k_residual_layernorm_supported(IC, C) || N < 0 || !aligned || x_out == x_in ||
+      !ln_out) {
     fprintf(stderr,
             "linear_small_k_residual_layernorm_cuda: unsupported call (IC %d, C %d, B * L %lld, "
-            "pointers 16-byte aligned: %s, x_out aliasing x_in: %s)\n"
+            "pointers 16-byte aligned: %s, x_out aliasing x_in: %s, ln_out given: %s)\n"
             "HINT: the caller must check linear_small_k_residual_layernorm_supported(IC, C) and "
             "the pointers, and compose the layer and residual_layernorm_forward_cuda otherwise\n",
-            IC, C, (long long)N, aligned ? "yes" : "no", x_out == x_in ? "yes" : "no");
+            IC, C, (long long)N, aligned ? "yes" : "no", x_out == x_in ? "yes" : "no",
+            ln_out ? "yes" : "no");
     abort();
   }
   if (N == 0) return;

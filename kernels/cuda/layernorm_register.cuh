@@ -163,6 +163,47 @@ __device__ __forceinline__ void row_stats_raw(const int4 (&raw)[MAXV], int C, in
   *rstd = 1.0f / sqrtf(group_sum<LANES>(sq) / C + LAYERNORM_EPS);
 }
 
+// The residual + LayerNorm forward of one row for a kernel that holds the branch itself (a GEMM's
+// staged output tile: kernels/cuda/gemm_small_k.cu, gemm_hopper.cu), lane sl of the row's LANES,
+// the row held as loaded in raw (x on entry): x + s * branch rounded to T into raw and, when
+// active, x_row; then with y_row not NULL (uniform over the warp) the row's statistics and
+// LN(x) into y_row and mean, rstd (lane 0), when active. The operations of
+// residual_layernorm_forward_reg_kernel in its order: the same bits. Inactive rows take part in
+// the shuffles; every lane of the warp calls it.
+template <typename T, int VEC, int MAXV, int LANES>
+__device__ __forceinline__ void residual_layernorm_row(
+    int4 (&raw)[MAXV], const T *branch, float s, bool active, T *x_row, T *y_row, float *mean,
+    float *rstd, const float *__restrict__ weight, const float *__restrict__ bias, int C, int sl) {
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    const int c = (k * LANES + sl) * VEC;
+    if (c >= C) continue;
+    float v[VEC], bv[VEC];
+    unpack_vec<T, VEC>(v, raw[k]);
+    load_vec<T, VEC>(bv, branch + c);
+    residual_add_vec<T, VEC>(v, bv, s);
+    raw[k] = pack_vec<T, VEC>(v);
+    if (active) *reinterpret_cast<int4 *>(x_row + c) = raw[k];
+  }
+  if (!y_row) return;
+  float m, r;
+  row_stats_raw<T, VEC, MAXV, LANES>(raw, C, sl, &m, &r);
+  if (!active) return;
+#pragma unroll
+  for (int k = 0; k < MAXV; k++) {
+    const int c = (k * LANES + sl) * VEC;
+    if (c >= C) continue;
+    float v[VEC], y[VEC];
+    unpack_vec<T, VEC>(v, raw[k]);
+    normalize_vec<VEC>(y, v, m, r, weight + c, bias + c);
+    store_vec<T, VEC>(y_row + c, y);
+  }
+  if (sl == 0) {
+    *mean = m;
+    *rstd = r;
+  }
+}
+
 // The register kernels' shape for rows of C elements of T: LANES lanes per row, MAXV vectors per
 // lane; lanes == 0 when a row does not fit (the multi-pass kernels then serve it).
 struct RegShape {
