@@ -18,14 +18,12 @@
 //      and a V2 model, and each op must run, checked, in at least one of them.
 //   3. What the model and the optimizer register, they unregister when destroyed.
 #define _POSIX_C_SOURCE 200809L
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "kernels/attention.h"
 #include "src/app/learner.h"
 #include "src/model/backend_check.h"
 #include "src/model/model.h"
+#include "tests/util/test_child.h"
 #include "tests/util/test_model_config.h"
 #include "tests/util/test_util.h"
 
@@ -133,22 +131,26 @@ static void attention_call(Model *m, const void *qkv, const float *mask) {
                                 attention_head_dim_scale(g->head_dim));
 }
 
-static void attention_right(Model *m) {
+static void attention_right(void *arg) {
+  Model *m = arg;
   attention_call(m, m->acts.blocks[1].qkv, m->stages[0].mask_be);
 }
 
 // qkv of stage 1 (half the tokens, twice the width: half the elements) for stage 0's shapes.
-static void attention_short_qkv(Model *m) {
+static void attention_short_qkv(void *arg) {
+  Model *m = arg;
   attention_call(m, m->acts.blocks[m->stages[1].first_block].qkv, m->stages[0].mask_be);
 }
 
 // The relative-position index (i32) where the f32 mask belongs.
-static void attention_index_as_mask(Model *m) {
+static void attention_index_as_mask(void *arg) {
+  Model *m = arg;
   attention_call(m, m->acts.blocks[1].qkv, (const float *)m->stages[0].index_be);
 }
 
 // The qkv layer's weight gradient (3C, C) is asked for, but proj's (C, C) is passed.
-static void linear_backward_small_dweight(Model *m) {
+static void linear_backward_small_dweight(void *arg) {
+  Model *m = arg;
   const StageGeom *g = &m->stages[0];
   int64_t rows = (int64_t)BATCH * g->H * g->W;
   m->be->ops->linear_backward(m->be, NULL, m->g.blocks[0].proj_w, NULL, m->acts.dqkv, m->acts.xw,
@@ -157,7 +159,8 @@ static void linear_backward_small_dweight(Model *m) {
 
 // The patch embedding with a bias pointer just past patch_embed.proj.bias: inside the flat
 // weights, in the alignment gap before the next tensor.
-static void linear_forward_bias_in_gap(Model *m) {
+static void linear_forward_bias_in_gap(void *arg) {
+  Model *m = arg;
   const Config *c = &m->cfg;
   int64_t rows = (int64_t)BATCH * m->Hp * m->Wp;
   m->be->ops->linear_forward(m->be, m->acts.pe, m->acts.patches,
@@ -167,7 +170,8 @@ static void linear_forward_bias_in_gap(Model *m) {
 
 // Stage 0, block 0's fc2 backward as block_backward calls it, but with hidden NULL: the CPU
 // stores GELU(pre) there (its mlp_hidden_elements is N * H), so the model must give it room.
-static void gelu_linear_backward_hidden_null(Model *m) {
+static void gelu_linear_backward_hidden_null(void *arg) {
+  Model *m = arg;
   const StageGeom *g = &m->stages[0];
   int64_t rows = (int64_t)BATCH * g->H * g->W;
   m->be->ops->gelu_linear_backward(
@@ -176,59 +180,18 @@ static void gelu_linear_backward_hidden_null(Model *m) {
 }
 
 // A tensor registered over the second half of the patches and beyond.
-static void register_overlap(Model *m) {
+static void register_overlap(void *arg) {
+  Model *m = arg;
   Tensor t = m->act_table[0];
   snprintf(t.name, sizeof t.name, "test.overlap");
   t.data = (char *)t.data + tensor_bytes(&t) / 2;
   backend_check_register(m->be, &t);
 }
 
-// Runs fn(m) in a child, its stderr into msg. Returns how it ended: 0 a clean exit, SIGABRT when
-// it aborted, or another signal / 1000 + exit code.
-static int run_child(void (*fn)(Model *), Model *m, char *msg, size_t size) {
-  int fd[2];
-  msg[0] = 0;
-  if (pipe(fd) != 0) return -1;
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
-    dup2(fd[1], 2);
-    alarm(60);  // a hang fails the case instead of the suite
-    fn(m);
-    _exit(0);
-  }
-  close(fd[1]);
-  size_t got = 0;
-  ssize_t k;
-  while (got + 1 < size && (k = read(fd[0], msg + got, size - 1 - got)) > 0) got += (size_t)k;
-  msg[got] = 0;
-  close(fd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) return WTERMSIG(status);
-  return WEXITSTATUS(status) == 0 ? 0 : 1000 + WEXITSTATUS(status);
-}
-
-// The call aborts, and its message holds each of the strings in want (NULL-terminated).
-static void expect_abort(const char *what, void (*fn)(Model *), Model *m, const char *const *want) {
-  char msg[4096];
-  int how = run_child(fn, m, msg, sizeof msg);
-  const char *missing = NULL;
-  for (int i = 0; want[i] && !missing; i++)
-    if (!strstr(msg, want[i])) missing = want[i];
-  char *nl = strchr(msg, '\n');
-  if (nl) *nl = 0;  // the first line names everything; the second is the HINT
-  test_check(how == SIGABRT && !missing, "%s: %s, %s: %s", what,
-             how == SIGABRT ? "aborts" : "does NOT abort",
-             missing ? "the message lacks" : "the message has every expected part",
-             missing ? missing : msg);
-}
-
 // Stage 0's residual-post-norm as a V2 block would call it, with a branch of stage 1 (half the
 // elements: a quarter of the tokens, twice the width).
-static void postnorm_short_branch(Model *m) {
+static void postnorm_short_branch(void *arg) {
+  Model *m = arg;
   const StageGeom *g = &m->stages[0];
   m->be->ops->postnorm_residual_forward(m->be, m->acts.blocks[0].x1, NULL, NULL, NULL,
                                         m->acts.blocks[0].x,
@@ -237,7 +200,8 @@ static void postnorm_short_branch(Model *m) {
 }
 
 // Stage 0's merge backward with stage 1's block input as dmerged (half the merged elements).
-static void patch_merge_short_dmerged(Model *m) {
+static void patch_merge_short_dmerged(void *arg) {
+  Model *m = arg;
   const StageGeom *g = &m->stages[0];
   m->be->ops->patch_merge_backward(m->be, m->acts.dres, m->acts.blocks[m->stages[1].first_block].x,
                                    BATCH, g->H, g->W, g->C);
@@ -245,37 +209,39 @@ static void patch_merge_short_dmerged(Model *m) {
 
 static void test_violations(Model *m) {
   char msg[4096];
-  int how = run_child(attention_right, m, msg, sizeof msg);
+  int how = test_run_child(attention_right, m, msg, sizeof msg);
   test_check(how == 0 && msg[0] == 0,
              "negative control: the right attention_forward runs to its end (%d, stderr '%s')", how,
              msg);
-  expect_abort("qkv shorter than the op's shape", attention_short_qkv, m,
-               (const char *const[]){"attention_forward: qkv needs 12288 F32 elements",
-                                     "layers.1.blocks.0.qkv (8, 16, 48) F32", "6144 too few",
-                                     "HINT:", NULL});
-  expect_abort("an i32 tensor for an f32 argument", attention_index_as_mask, m,
-               (const char *const[]){"attention_forward: mask needs 2048 F32 elements",
-                                     "layers.0.attn.relative_position_index (16, 16) I32",
-                                     "which is I32, not F32", NULL});
-  expect_abort("a gradient smaller than the shape", linear_backward_small_dweight, m,
-               (const char *const[]){"linear_backward: dweight needs 192 F32 elements",
-                                     "layers.0.blocks.0.attn.proj.weight.grad (8, 8) F32",
-                                     "(in grads (", "128 too few", NULL});
-  expect_abort("a pointer between tensors", linear_forward_bias_in_gap, m,
-               (const char *const[]){"linear_forward: bias needs 8 F32 elements", "of weights (",
-                                     "outside every tensor of that buffer", NULL});
-  expect_abort("a V2 post-norm branch shorter than the shape", postnorm_short_branch, m,
-               (const char *const[]){"postnorm_residual_forward: branch needs 4096 F32 elements",
-                                     "layers.1.blocks.0.x", "2048 too few", NULL});
-  expect_abort("a merge gradient shorter than the shape", patch_merge_short_dmerged, m,
-               (const char *const[]){"patch_merge_backward: dmerged needs 4096 F32 elements",
-                                     "layers.1.blocks.0.x", "2048 too few", NULL});
-  expect_abort("no room for GELU(pre) where the backend stores it",
-               gelu_linear_backward_hidden_null, m,
-               (const char *const[]){"gelu_linear_backward: hidden needs 8192 F32 elements",
-                                     "but is NULL", "HINT:", NULL});
-  expect_abort("overlapping registrations", register_overlap, m,
-               (const char *const[]){"tensor test.overlap (", "overlaps patches (", NULL});
+  test_expect_abort("qkv shorter than the op's shape", attention_short_qkv, m,
+                    (const char *const[]){"attention_forward: qkv needs 12288 F32 elements",
+                                          "layers.1.blocks.0.qkv (8, 16, 48) F32", "6144 too few",
+                                          "HINT:", NULL});
+  test_expect_abort("an i32 tensor for an f32 argument", attention_index_as_mask, m,
+                    (const char *const[]){"attention_forward: mask needs 2048 F32 elements",
+                                          "layers.0.attn.relative_position_index (16, 16) I32",
+                                          "which is I32, not F32", NULL});
+  test_expect_abort("a gradient smaller than the shape", linear_backward_small_dweight, m,
+                    (const char *const[]){"linear_backward: dweight needs 192 F32 elements",
+                                          "layers.0.blocks.0.attn.proj.weight.grad (8, 8) F32",
+                                          "(in grads (", "128 too few", NULL});
+  test_expect_abort(
+      "a pointer between tensors", linear_forward_bias_in_gap, m,
+      (const char *const[]){"linear_forward: bias needs 8 F32 elements", "of weights (",
+                            "outside every tensor of that buffer", NULL});
+  test_expect_abort(
+      "a V2 post-norm branch shorter than the shape", postnorm_short_branch, m,
+      (const char *const[]){"postnorm_residual_forward: branch needs 4096 F32 elements",
+                            "layers.1.blocks.0.x", "2048 too few", NULL});
+  test_expect_abort("a merge gradient shorter than the shape", patch_merge_short_dmerged, m,
+                    (const char *const[]){"patch_merge_backward: dmerged needs 4096 F32 elements",
+                                          "layers.1.blocks.0.x", "2048 too few", NULL});
+  test_expect_abort("no room for GELU(pre) where the backend stores it",
+                    gelu_linear_backward_hidden_null, m,
+                    (const char *const[]){"gelu_linear_backward: hidden needs 8192 F32 elements",
+                                          "but is NULL", "HINT:", NULL});
+  test_expect_abort("overlapping registrations", register_overlap, m,
+                    (const char *const[]){"tensor test.overlap (", "overlaps patches (", NULL});
 }
 
 // ---- a training step, checked ----------------------------------------------------------------

@@ -42,6 +42,12 @@
 //   linear_hopper_gelu_forward_tile (width C) followed by residual_layernorm_forward_cuda, for C
 //   96, 128 and 192, LN into shifted windows, in token order, or absent (a stage's end).
 // Outputs start as 0xFF bytes (bf16 NaN), so a missed element fails.
+// The two fused kernels' host functions refuse, with a message and an abort, what the backend
+// must check before calling them (a width they do not serve, a pointer not 16-byte aligned,
+// x_out aliasing x_in, no ln_out for the small-K one): each refusal runs in a forked child on
+// fake pointers, since it aborts before touching them or the device.
+#define _POSIX_C_SOURCE 200809L
+#include "tests/util/test_child.h"
 #include "tests/util/test_gpu_util.h"
 
 #ifdef SWIN_HAVE_CUDA
@@ -679,6 +685,71 @@ static void check_hopper_residual_ln(int B, int H, int C, int window, int shift,
 }
 
 // The shape query agrees with the header's limits.
+// A fused call on fake addresses (16-byte aligned unless a case says otherwise), one condition
+// violated per case; the refusal comes before any address is read.
+typedef struct {
+  void *x_out, *ln_out;
+  const void *x_in;
+  int IC, C;
+} Refused;
+
+#define FAKE(offset) ((void *)(uintptr_t)(0x10000 + (offset)))
+
+static void small_k_resln_call(void *arg) {
+  const Refused *r = arg;
+  linear_small_k_residual_layernorm_cuda(r->x_out, r->ln_out, NULL, NULL, r->x_in, FAKE(0x3000),
+                                         NULL, NULL, FAKE(0x4000), NULL, NULL, NULL, 2, 3136, r->IC,
+                                         r->C, 0);
+}
+
+static void hopper_resln_call(void *arg) {
+  const Refused *r = arg;
+  linear_hopper_gelu_residual_layernorm_cuda(r->x_out, r->ln_out, NULL, NULL, r->x_in, FAKE(0x3000),
+                                             FAKE(0x4000), NULL, NULL, NULL, NULL, NULL, 2, 3136,
+                                             r->IC, r->C, 0);
+}
+
+static void check_refusals(void) {
+  const char *sk = "linear_small_k_residual_layernorm_cuda: unsupported call";
+  Refused ok = {FAKE(0x0), FAKE(0x1000), FAKE(0x2000), 96, 96};
+  Refused r = ok;
+  r.IC = r.C = 192;
+  test_expect_abort("small-K + residual LN: C = 192", small_k_resln_call, &r,
+                    (const char *const[]){sk, "IC 192, C 192", "HINT:", NULL});
+  r = ok;
+  r.x_in = FAKE(0x2008);
+  test_expect_abort("small-K + residual LN: x_in 8 bytes off", small_k_resln_call, &r,
+                    (const char *const[]){sk, "16-byte aligned: no", NULL});
+  r = ok;
+  r.x_out = (void *)r.x_in;
+  test_expect_abort("small-K + residual LN: x_out aliasing x_in", small_k_resln_call, &r,
+                    (const char *const[]){sk, "x_out aliasing x_in: yes", NULL});
+  r = ok;
+  r.ln_out = NULL;
+  test_expect_abort("small-K + residual LN: no ln_out", small_k_resln_call, &r,
+                    (const char *const[]){sk, "ln_out given: no", NULL});
+
+  if (!linear_hopper_supported(384, 96)) {
+    printf("SKIP: the Hopper kernel's refusals (no sm_90a build or device)\n");
+    return;
+  }
+  const char *hk = "linear_hopper_gelu_residual_layernorm_cuda: unsupported call";
+  ok.IC = 384;
+  r = ok;
+  r.IC = 1024;
+  r.C = 256;
+  test_expect_abort("Hopper fc2 + residual LN: C = 256", hopper_resln_call, &r,
+                    (const char *const[]){hk, "IC 1024, C 256", "HINT:", NULL});
+  r = ok;
+  r.ln_out = FAKE(0x1004);
+  test_expect_abort("Hopper fc2 + residual LN: ln_out 4 bytes off", hopper_resln_call, &r,
+                    (const char *const[]){hk, "16-byte aligned: no", NULL});
+  r = ok;
+  r.x_out = (void *)r.x_in;
+  test_expect_abort("Hopper fc2 + residual LN: x_out aliasing x_in", hopper_resln_call, &r,
+                    (const char *const[]){hk, "x_out aliasing x_in: yes", NULL});
+}
+
 static void check_supported(void) {
   bool ok = linear_small_k_supported(96, 384) && linear_small_k_supported(192, 768) &&
             linear_small_k_supported(128, 384) && linear_small_k_supported(96, 32) &&
@@ -699,6 +770,7 @@ int main(void) {
   TestRng rng = {.state = 0x5a11c};
   const SmallKMode fused = {.bias = true, .post = true};
   check_supported();
+  check_refusals();
   for (size_t s = 0; s < sizeof swin_shapes / sizeof swin_shapes[0]; s++)
     for (size_t r = 0; r < sizeof swin_rows / sizeof swin_rows[0]; r++)
       check_case(linear_small_k_forward_cuda, "linear_small_k", swin_shapes[s].IC,
