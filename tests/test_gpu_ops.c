@@ -1797,7 +1797,7 @@ static const OpRow rows[] = {
 // heads, the cosine q, k backward's by the rows, the width and the heads (3C = 2304 at 24 heads
 // of 32), the optimizer's by the parameters.
 static BackendNeeds row_needs(void) {
-  return (BackendNeeds){.max_elements = 1 << 14,
+  return (BackendNeeds){.max_elements = 2 * 12 * 12 * 192,  // 2 images of 12 x 12 at C = 192
                         .max_rows = 2500,
                         .max_width = 3 * 768,
                         .max_batch = 64,
