@@ -115,10 +115,17 @@ static void report(void) {
   int n = 0;
   for (const ThreadStats *t = threads; t; t = t->next, n++)
     if (!trainer || t->launches > trainer->launches) trainer = t;
-  ThreadStats *others = calloc(1, sizeof *others);
-  if (!trainer || !others) {
+  ThreadStats *others = trainer ? calloc(1, sizeof *others) : NULL;
+  if (!others) {
     pthread_mutex_unlock(&threads_lock);
-    free(others);
+    if (trainer)
+      fprintf(stderr, "cuda_api_trace: out of memory\n");
+    else
+      fprintf(stderr,
+              "cuda_api_trace: no driver call counted over %.1f s\n"
+              "HINT: the process ended before CUDA_API_TRACE_SKIP_S (%.1f s) had passed; lower "
+              "it\n",
+              (double)(now_ns() - start_ns) * 1e-9, (double)skip_ns * 1e-9);
     return;
   }
   for (const ThreadStats *t = threads; t; t = t->next) {
