@@ -105,8 +105,8 @@ void linear_small_k_forward_cuda(void *pre, void *post, const void *inp, const v
                                  const void *bias, int64_t N, int IC, int OC, cudaStream_t stream);
 
 // The small-K layer followed by the residual + LayerNorm forward, in one kernel (gemm_small_k.cu;
-// for a block's proj and LN2 in Swin-T's stage 0; the backend composes the two ops until this
-// kernel has run on a GPU and been measured: kernels/PERF.md, version 24): for each token t of
+// for a block's proj and LN2 in Swin-T's stage 0, where the backend's
+// linear_residual_layernorm_forward calls it: kernels/PERF.md, version 24): for each token t of
 // B images of L tokens,
 //   branch[t] = inp[imap(t)] weight^T + bias, rounded to bf16 (inp in the order of inp_map: the
 //               attention's windows; NULL: token order)
@@ -155,9 +155,9 @@ void linear_hopper_gelu_forward_tile(void *out, const void *pre, const void *wei
                                      const void *bias, int64_t N, int IC, int OC, int tile,
                                      cudaStream_t stream);
 // The same layer followed by the residual + LayerNorm forward in one kernel (for a block's fc2
-// and the next block's residual + LN1, or a stage's last residual, in Swin-T's stages 0 and 1;
-// the backend composes the two ops until it has run on a GPU and been measured: kernels/PERF.md,
-// version 25), for B images of L tokens, C = OC:
+// and the next block's residual + LN1, or a stage's last residual, in Swin-T's stages 0 and 1
+// and Swin-B's stage 0, where the backend's mlp_residual_layernorm_forward calls it:
+// kernels/PERF.md, version 25), for B images of L tokens, C = OC:
 //   x_out (N, C) = x_in + scale[b] * out (out as above, never stored; scale NULL: 1), rounded
 //   to bf16; with ln_out not NULL also ln_out[lmap(t)] = LN(x_out[t]) with ln_weight, ln_bias
 //   (f32) and mean[t], rstd[t] its statistics (ln_map NULL: token order)

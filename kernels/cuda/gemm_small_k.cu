@@ -5,7 +5,8 @@
 // a GELU pass that reads pre back and writes post; here one kernel writes both.
 // scripts/bench_gemm.cu measures it against cuBLASLt (kernels/PERF.md, version 12): faster for
 // IC = 96, which the model uses (src/model/backend_cuda.cu, use_small_k), slower for IC = 192,
-// which it does not; IC = 128 is built for that measurement (version 26) and not used yet.
+// which it does not; IC = 128 (Swin-B's stage 0, version 26) is faster for proj but slower for
+// fc1 writing pre alone, no gain in the step, and not used.
 //
 // What the largest shape costs (stage 0 fc1 at batch 128: N = 401408, IC = 96, OC = 384):
 //   bytes: inp 2 N IC = 77.1 MB, pre 2 N OC = 308.3 MB, post 308.3 MB (weight 74 KB, bias:

@@ -639,17 +639,24 @@ void cuda_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, flo
                                   scale, weight, bias, ln_map, B, L, C, state_of(be)->compute);
 }
 
-// A layer or an MLP and the residual + LayerNorm after it: the two ops. Their fused kernels
-// (kernels/gemm.h: linear_small_k_residual_layernorm_cuda, stage 0's proj; and
-// linear_hopper_gelu_residual_layernorm_cuda, fc2 of C 96-192) give the same bits; they serve
-// these ops once they have run on a GPU and been measured against this composition
-// (kernels/PERF.md, versions 24 and 25).
+// A layer or an MLP and the residual + LayerNorm after it, in one kernel where ours serve the
+// shape (kernels/gemm.h: linear_small_k_residual_layernorm_cuda for a proj on the small-K kernel;
+// linear_hopper_gelu_residual_layernorm_cuda for an fc2 with the GELU in its operand load, C
+// 96-192), else the two ops. Either way the same bits (kernels/PERF.md, versions 24 and 25).
 void cuda_linear_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out, float *mean,
                                             float *rstd, void *branch, const void *x_in,
                                             const void *inp, const void *weight,
                                             const void *lin_bias, const WindowMap *branch_map,
                                             const float *scale, const float *ln_weight,
                                             const float *ln_bias, int B, int64_t L, int IC, int C) {
+  if (ln_out && use_small_k(be, IC, C, x_out, inp, weight, ln_out) && (uintptr_t)x_in % 16 == 0 &&
+      x_out != x_in && linear_small_k_residual_layernorm_supported(IC, C)) {
+    OpScope scope(be, OP_GEMM);
+    linear_small_k_residual_layernorm_cuda(x_out, ln_out, mean, rstd, x_in, inp, branch_map, scale,
+                                           weight, lin_bias, ln_weight, ln_bias, B, L, IC, C,
+                                           state_of(be)->compute);
+    return;
+  }
   cuda_linear_forward(be, branch, inp, weight, lin_bias, (int64_t)B * L, IC, C, ACTIVATION_NONE,
                       nullptr);
   cuda_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, branch_map, scale,
@@ -663,7 +670,19 @@ void cuda_mlp_residual_layernorm_forward(Backend *be, void *x_out, void *ln_out,
                                          const float *scale, const float *ln_weight,
                                          const float *ln_bias, const WindowMap *ln_map, int B,
                                          int64_t L, int C, int H) {
-  cuda_mlp_forward(be, branch, pre, hidden, inp, w1, b1, w2, b2, (int64_t)B * L, C, H);
+  auto aligned = [](const void *p) { return (uintptr_t)p % 16 == 0; };
+  const int64_t N = (int64_t)B * L;
+  if (use_gelu_input(be, C, H, x_out, pre, w2) &&
+      linear_hopper_gelu_residual_layernorm_supported(H, C) && aligned(x_in) && aligned(ln_out) &&
+      x_out != x_in && N <= INT32_MAX) {
+    cuda_linear_forward(be, pre, inp, w1, b1, N, C, H, ACTIVATION_NONE, nullptr);
+    OpScope scope(be, OP_GEMM);
+    linear_hopper_gelu_residual_layernorm_cuda(x_out, ln_out, mean, rstd, x_in, pre, w2, b2, scale,
+                                               ln_weight, ln_bias, ln_map, B, L, H, C,
+                                               state_of(be)->compute);
+    return;
+  }
+  cuda_mlp_forward(be, branch, pre, hidden, inp, w1, b1, w2, b2, N, C, H);
   cuda_residual_layernorm_forward(be, x_out, ln_out, mean, rstd, x_in, branch, nullptr, scale,
                                   ln_weight, ln_bias, ln_map, B, L, C);
 }
