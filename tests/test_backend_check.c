@@ -267,14 +267,15 @@ static BatchPointers batch_pointers(const char *op) {
   return (BatchPointers){0, false};
 }
 
-// The ops only one Swin version calls: V1's merge with its LayerNorm first, its proj + LN2 and
-// its MLP + residual; V2's res-post-norm, plain merge, cosine q / k and position-bias MLP. A
-// model of the other version must not call them (their wrappers' checks are exercised by the
-// violations above and by the other model).
+// The ops only one Swin version calls: V1's merge with its LayerNorm first, its proj + LN2, its
+// MLP + residual and the input gradients with the LayerNorm backward after them; V2's
+// res-post-norm, plain merge, cosine q / k and position-bias MLP. A model of the other version must
+// not call them (their wrappers' checks are exercised by the violations above and by the other
+// model).
 static int op_version(const char *op) {
-  static const char *const v1[] = {"merge_layernorm_forward", "merge_layernorm_backward",
-                                   "linear_residual_layernorm_forward",
-                                   "mlp_residual_layernorm_forward"};
+  static const char *const v1[] = {
+      "merge_layernorm_forward", "merge_layernorm_backward", "linear_residual_layernorm_forward",
+      "mlp_residual_layernorm_forward", "linear_residual_layernorm_backward"};
   static const char *const v2[] = {"postnorm_residual_forward",
                                    "postnorm_residual_backward",
                                    "patch_merge_forward",

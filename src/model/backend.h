@@ -253,6 +253,19 @@ typedef struct {
                                       const float *weight, const float *mean, const float *rstd,
                                       const WindowMap *branch_map, const float *scale,
                                       const WindowMap *ln_map, int B, int64_t L, int C);
+  // A linear layer's backward whose input was a LayerNorm's output (a block's fc1 after LN2, its
+  // qkv after LN1 into the windows), then that LayerNorm's residual backward:
+  // linear_backward(dln, dweight, NULL, dout, inp, weight, B*L, IC, OC), then
+  // residual_layernorm_backward(dres_out, dbranch, dbranch_bias, ln_dweight, ln_dbias, dres_in,
+  // dln, x, ln_weight, mean, rstd, branch_map, scale, ln_map, B, L, IC). dln (B*L, IC, act, in
+  // ln_map's order) is scratch as branch is in linear_residual_layernorm_forward: a backend that
+  // fuses the two may leave it untouched, so nothing may read it afterwards.
+  void (*linear_residual_layernorm_backward)(
+      Backend *be, float *dres_out, void *dbranch, float *dbranch_bias, float *dweight,
+      float *ln_dweight, float *ln_dbias, void *dln, const float *dres_in, const void *dout,
+      const void *inp, const void *weight, const void *x, const float *ln_weight, const float *mean,
+      const float *rstd, const WindowMap *branch_map, const float *scale, const WindowMap *ln_map,
+      int B, int64_t L, int IC, int OC);
   // kernels/patch.h's merge_layernorm: out, tokens, dout act; dtokens f32 (overwritten).
   void (*merge_layernorm_forward)(Backend *be, void *out, float *mean, float *rstd,
                                   const void *tokens, const float *weight, const float *bias, int B,

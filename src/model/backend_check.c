@@ -12,38 +12,39 @@
 
 // Every op the layer wraps, by its BackendOps field: the enum, the names and the table's
 // entries all come from this one list.
-#define CHECKED_OPS(X)                 \
-  X(to_compute)                        \
-  X(patch_embed_input)                 \
-  X(drop_path_scales)                  \
-  X(images_normalize)                  \
-  X(batch_augment)                     \
-  X(linear_forward)                    \
-  X(mlp_forward)                       \
-  X(linear_backward)                   \
-  X(gelu_linear_backward)              \
-  X(residual_layernorm_forward)        \
-  X(linear_residual_layernorm_forward) \
-  X(mlp_residual_layernorm_forward)    \
-  X(residual_layernorm_backward)       \
-  X(merge_layernorm_forward)           \
-  X(merge_layernorm_backward)          \
-  X(postnorm_residual_forward)         \
-  X(postnorm_residual_backward)        \
-  X(patch_merge_forward)               \
-  X(patch_merge_backward)              \
-  X(attention_forward)                 \
-  X(attention_backward)                \
-  X(cosine_qk_forward)                 \
-  X(cosine_qk_backward)                \
-  X(cpb_forward)                       \
-  X(cpb_backward)                      \
-  X(head_forward)                      \
-  X(head_backward)                     \
-  X(train_loss)                        \
-  X(eval_metrics)                      \
-  X(optimizer_step)                    \
-  X(ema_update)                        \
+#define CHECKED_OPS(X)                  \
+  X(to_compute)                         \
+  X(patch_embed_input)                  \
+  X(drop_path_scales)                   \
+  X(images_normalize)                   \
+  X(batch_augment)                      \
+  X(linear_forward)                     \
+  X(mlp_forward)                        \
+  X(linear_backward)                    \
+  X(gelu_linear_backward)               \
+  X(residual_layernorm_forward)         \
+  X(linear_residual_layernorm_forward)  \
+  X(mlp_residual_layernorm_forward)     \
+  X(residual_layernorm_backward)        \
+  X(linear_residual_layernorm_backward) \
+  X(merge_layernorm_forward)            \
+  X(merge_layernorm_backward)           \
+  X(postnorm_residual_forward)          \
+  X(postnorm_residual_backward)         \
+  X(patch_merge_forward)                \
+  X(patch_merge_backward)               \
+  X(attention_forward)                  \
+  X(attention_backward)                 \
+  X(cosine_qk_forward)                  \
+  X(cosine_qk_backward)                 \
+  X(cpb_forward)                        \
+  X(cpb_backward)                       \
+  X(head_forward)                       \
+  X(head_backward)                      \
+  X(train_loss)                         \
+  X(eval_metrics)                       \
+  X(optimizer_step)                     \
+  X(ema_update)                         \
   X(weights_swap)
 
 typedef enum {
@@ -473,6 +474,39 @@ static void check_residual_layernorm_backward(Backend *be, float *dres_out, void
   INNER->residual_layernorm_backward(be, dres_out, dbranch, dbranch_bias, dweight, dbias, dres_in,
                                      dln, x, weight, mean, rstd, branch_map, scale, ln_map, B, L,
                                      C);
+}
+
+// The product's checks as check_linear_backward's (dinp is dln), then the LayerNorm's as
+// check_residual_layernorm_backward's with dln given.
+static void check_linear_residual_layernorm_backward(
+    Backend *be, float *dres_out, void *dbranch, float *dbranch_bias, float *dweight,
+    float *ln_dweight, float *ln_dbias, void *dln, const float *dres_in, const void *dout,
+    const void *inp, const void *weight, const void *x, const float *ln_weight, const float *mean,
+    const float *rstd, const WindowMap *branch_map, const float *scale, const WindowMap *ln_map,
+    int B, int64_t L, int IC, int OC) {
+  Call c = call_begin(be, CHECK_OP_linear_residual_layernorm_backward);
+  int64_t rows = (int64_t)B * L, n = rows * IC;
+  CHECK(dln, be->act, n);
+  CHECK(dweight, DTYPE_F32, (int64_t)OC * IC);
+  CHECK(dout, be->act, rows * OC);
+  CHECK(inp, be->act, n);
+  CHECK(weight, be->act, (int64_t)OC * IC);
+  CHECK(dres_out, DTYPE_F32, n);
+  CHECK(dres_in, DTYPE_F32, n);
+  CHECK(x, be->act, n);
+  CHECK(ln_weight, DTYPE_F32, IC);
+  CHECK(mean, DTYPE_F32, rows);
+  CHECK(rstd, DTYPE_F32, rows);
+  CHECK(ln_dweight, DTYPE_F32, IC);
+  CHECK(ln_dbias, DTYPE_F32, IC);
+  if (dbranch) {
+    CHECK(dbranch, be->act, n);
+    CHECK(scale, DTYPE_F32, B);
+  }
+  CHECK(dbranch_bias, DTYPE_F32, IC);
+  INNER->linear_residual_layernorm_backward(
+      be, dres_out, dbranch, dbranch_bias, dweight, ln_dweight, ln_dbias, dln, dres_in, dout, inp,
+      weight, x, ln_weight, mean, rstd, branch_map, scale, ln_map, B, L, IC, OC);
 }
 
 // tokens (B, H, W, C), merged (B, H/2, W/2, 4C).

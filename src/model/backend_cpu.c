@@ -272,6 +272,18 @@ static void cpu_residual_layernorm_backward(Backend *be, float *dres_out, void *
   if (dbranch_bias) column_sums_cpu(dbranch_bias, dbranch, (int64_t)B * L, C);
 }
 
+static void cpu_linear_residual_layernorm_backward(
+    Backend *be, float *dres_out, void *dbranch, float *dbranch_bias, float *dweight,
+    float *ln_dweight, float *ln_dbias, void *dln, const float *dres_in, const void *dout,
+    const void *inp, const void *weight, const void *x, const float *ln_weight, const float *mean,
+    const float *rstd, const WindowMap *branch_map, const float *scale, const WindowMap *ln_map,
+    int B, int64_t L, int IC, int OC) {
+  cpu_linear_backward(be, dln, dweight, NULL, dout, inp, weight, (int64_t)B * L, IC, OC);
+  cpu_residual_layernorm_backward(be, dres_out, dbranch, dbranch_bias, ln_dweight, ln_dbias,
+                                  dres_in, dln, x, ln_weight, mean, rstd, branch_map, scale, ln_map,
+                                  B, L, IC);
+}
+
 static void cpu_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
                                         const void *tokens, const float *weight, const float *bias,
                                         int B, int H, int W, int C) {
@@ -511,6 +523,7 @@ static const BackendOps cpu_ops = {
     .residual_layernorm_forward = cpu_residual_layernorm_forward,
     .linear_residual_layernorm_forward = cpu_linear_residual_layernorm_forward,
     .residual_layernorm_backward = cpu_residual_layernorm_backward,
+    .linear_residual_layernorm_backward = cpu_linear_residual_layernorm_backward,
     .merge_layernorm_forward = cpu_merge_layernorm_forward,
     .merge_layernorm_backward = cpu_merge_layernorm_backward,
     .postnorm_residual_forward = cpu_postnorm_residual_forward,

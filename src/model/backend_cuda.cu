@@ -702,6 +702,20 @@ void cuda_residual_layernorm_backward(Backend *be, float *dres_out, void *dbranc
                                    B, L, C, scratch, state_of(be)->compute);
 }
 
+// The input-gradient product and the LayerNorm backward after it: the two ops (kernels/PERF.md,
+// Next: the LayerNorm's rows in the product's epilogue).
+void cuda_linear_residual_layernorm_backward(
+    Backend *be, float *dres_out, void *dbranch, float *dbranch_bias, float *dweight,
+    float *ln_dweight, float *ln_dbias, void *dln, const float *dres_in, const void *dout,
+    const void *inp, const void *weight, const void *x, const float *ln_weight, const float *mean,
+    const float *rstd, const WindowMap *branch_map, const float *scale, const WindowMap *ln_map,
+    int B, int64_t L, int IC, int OC) {
+  cuda_linear_backward(be, dln, dweight, nullptr, dout, inp, weight, (int64_t)B * L, IC, OC);
+  cuda_residual_layernorm_backward(be, dres_out, dbranch, dbranch_bias, ln_dweight, ln_dbias,
+                                   dres_in, dln, x, ln_weight, mean, rstd, branch_map, scale,
+                                   ln_map, B, L, IC);
+}
+
 void cuda_merge_layernorm_forward(Backend *be, void *out, float *mean, float *rstd,
                                   const void *tokens, const float *weight, const float *bias, int B,
                                   int H, int W, int C) {
@@ -922,6 +936,7 @@ const BackendOps cuda_ops = {
     .residual_layernorm_forward = cuda_residual_layernorm_forward,
     .linear_residual_layernorm_forward = cuda_linear_residual_layernorm_forward,
     .residual_layernorm_backward = cuda_residual_layernorm_backward,
+    .linear_residual_layernorm_backward = cuda_linear_residual_layernorm_backward,
     .merge_layernorm_forward = cuda_merge_layernorm_forward,
     .merge_layernorm_backward = cuda_merge_layernorm_backward,
     .postnorm_residual_forward = cuda_postnorm_residual_forward,

@@ -1025,9 +1025,10 @@ static void block_recompute(Model *m, const StageGeom *g, int j, int B) {
 }
 
 // Block j from d(its fc2 output) in dbranch (its column sums already in fc2's bias gradient) and
-// d(x1) in dres, down to the gradient of LN1's output (window order) in dln; dres then holds d(x)
-// from the attention residual alone. rebuilt: block_recompute has just run, so LN1's and LN2's
-// outputs are still in xw and ln2 (nothing in between writes them) and are not computed again.
+// d(x1) in dres, down to the gradient of qkv's output in dqkv, with LN1's output in xw for qkv's
+// weight gradient; dres then holds d(x) from the attention residual alone. rebuilt:
+// block_recompute has just run, so LN1's and LN2's outputs are still in xw and ln2 (nothing in
+// between writes them) and are not computed again.
 static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebuilt) {
   Backend *be = m->be;
   const BackendOps *ops = be->ops;
@@ -1048,11 +1049,10 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebu
   if (!rebuilt)
     ops->residual_layernorm_forward(be, NULL, x->ln2, a->ln2_mean, a->ln2_rstd, a->x1, NULL, NULL,
                                     NULL, w->norm2_w, w->norm2_b, NULL, B, L, C);
-  ops->linear_backward(be, x->dln, gw->fc1_w, NULL, x->dhidden, x->ln2,
-                       model_compute_weight(m, w->fc1_w), BL, C, g->hidden);
-  ops->residual_layernorm_backward(be, x->dres, x->dbranch, gw->proj_b, gw->norm2_w, gw->norm2_b,
-                                   x->dres, x->dln, a->x1, w->norm2_w, a->ln2_mean, a->ln2_rstd,
-                                   &wm, m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C);
+  ops->linear_residual_layernorm_backward(
+      be, x->dres, x->dbranch, gw->proj_b, gw->fc1_w, gw->norm2_w, gw->norm2_b, x->dln, x->dres,
+      x->dhidden, x->ln2, model_compute_weight(m, w->fc1_w), a->x1, w->norm2_w, a->ln2_mean,
+      a->ln2_rstd, &wm, m->drop_path_active ? a->dp_attn : NULL, NULL, B, L, C, g->hidden);
   // Attention: proj (dbranch holds d(proj) in window order), attention, qkv.
   ops->linear_backward(be, x->dattn, gw->proj_w, NULL, x->dbranch, a->attn_out,
                        model_compute_weight(m, w->proj_w), BL, C, C);
@@ -1062,14 +1062,13 @@ static void block_backward(Model *m, const StageGeom *g, int j, int B, bool rebu
   if (!rebuilt)
     ops->residual_layernorm_forward(be, NULL, x->xw, a->ln1_mean, a->ln1_rstd, a->x, NULL, NULL,
                                     NULL, w->norm1_w, w->norm1_b, &wm, B, L, C);
-  ops->linear_backward(be, x->dln, gw->qkv_w, NULL, x->dqkv, x->xw,
-                       model_compute_weight(m, w->qkv_w), BL, C, 3 * C);
 }
 
-// LN1 of block j back through its residual: d(x) = dres + LN1'(dln). For j > 0 that is the
-// gradient of the previous block's x1 (dres) and, scaled by its drop path, of its fc2 output
-// (dbranch, summed into that fc2's bias gradient); for j == 0 it is the gradient of the stage
-// input, to dbranch.
+// qkv of block j and LN1 back through its residual, from d(qkv) in dqkv and LN1's output in xw
+// (block_backward's): d(x) = dres + LN1'(d(LN1's output)), that gradient (window order) being
+// qkv's input gradient. For j > 0 d(x) is the gradient of the previous block's x1 (dres) and,
+// scaled by its drop path, of its fc2 output (dbranch, summed into that fc2's bias gradient); for
+// j == 0 it is the gradient of the stage input, to dbranch.
 static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
   Backend *be = m->be;
   Activations *x = &m->acts;
@@ -1081,9 +1080,10 @@ static void block_norm1_backward(Model *m, const StageGeom *g, int j, int B) {
   int64_t L = (int64_t)g->H * g->W;
   const float *scale = j > 0 && m->drop_path_active ? x->blocks[gi - 1].dp_mlp : NULL;
   float *fc2_bias = j > 0 ? m->g.blocks[gi - 1].fc2_b : NULL;
-  be->ops->residual_layernorm_backward(be, j > 0 ? x->dres : NULL, x->dbranch, fc2_bias,
-                                       gw->norm1_w, gw->norm1_b, x->dres, x->dln, a->x, w->norm1_w,
-                                       a->ln1_mean, a->ln1_rstd, NULL, scale, &wm, B, L, g->C);
+  be->ops->linear_residual_layernorm_backward(
+      be, j > 0 ? x->dres : NULL, x->dbranch, fc2_bias, gw->qkv_w, gw->norm1_w, gw->norm1_b, x->dln,
+      x->dres, x->dqkv, x->xw, model_compute_weight(m, w->qkv_w), a->x, w->norm1_w, a->ln1_mean,
+      a->ln1_rstd, NULL, scale, &wm, B, L, g->C, 3 * g->C);
 }
 
 // Tells m->grads_ready that every gradient from `lowest` (a pointer into m->grads) to the end of
