@@ -12,9 +12,15 @@
 // Build: the target cuda_api_trace (CUDA builds where CMake finds CUPTI). Run:
 //   CUDA_INJECTION64_PATH=$PWD/build-gpu/libcuda_api_trace.so build-gpu/swin_train CONFIG ...
 // CUDA_API_TRACE_SKIP_S=N (default 0): calls that begin in the first N seconds after the driver's
-// initialization are not counted (start-up and warm-up). The table goes to stderr.
+// initialization are not counted (start-up and warm-up). The tables go to stderr; the last one
+// says who made the memory and stream calls (allocations, frees, stream creation and
+// destruction): per call, the library of the first frame above the CUDA driver and the runtime
+// (dladdr of each frame of backtrace: libnvjpeg, libcublasLt, or the program itself, whose
+// frames it prints as offsets for addr2line), with the nearest exported symbol where there is one.
 #define _GNU_SOURCE
 #include <cupti.h>
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-enum { CALLS = CUPTI_DRIVER_TRACE_CBID_SIZE, TOP = 15 };
+enum { CALLS = CUPTI_DRIVER_TRACE_CBID_SIZE, TOP = 15, CALLERS = 48, FRAMES = 32 };
 
 // One thread's sums per driver function (indexed by CUPTI's callback id).
 typedef struct ThreadStats {
@@ -38,6 +44,17 @@ static ThreadStats *threads;        // every thread that called the driver, newe
 static const char *names[CALLS];    // the functions' names, as CUPTI gives them
 static uint64_t start_ns, skip_ns;  // the driver's initialization; calls before start + skip
 static _Thread_local ThreadStats *mine;
+
+// Who made the watched calls: per (function, caller), the count and total time.
+typedef struct {
+  CUpti_CallbackId id;
+  char where[192];
+  uint64_t count, total_ns;
+} Caller;
+static pthread_mutex_t callers_lock = PTHREAD_MUTEX_INITIALIZER;
+static Caller callers[CALLERS];
+static int ncallers;
+static uint64_t callers_dropped;  // calls whose caller did not fit the table
 
 static uint64_t now_ns(void) {
   struct timespec t;
@@ -68,6 +85,84 @@ static bool is_launch(CUpti_CallbackId id) {
          id == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz;
 }
 
+static bool is_watched(CUpti_CallbackId id) {
+  switch (id) {
+    case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemHostAlloc:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemAllocHost_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamCreate:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamCreateWithPriority:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync:
+      return true;
+    default:
+      return false;
+  }
+}
+
+static const char *base_name(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+// Frames inside the driver, CUPTI, this library or the CUDA runtime are not the caller.
+static bool is_cuda_internal(const char *lib) {
+  return strncmp(lib, "libcuda.so", 10) == 0 || strncmp(lib, "libcupti", 8) == 0 ||
+         strncmp(lib, "libcudart", 9) == 0 || strstr(lib, "cuda_api_trace") != NULL ||
+         strncmp(lib, "libc.so", 7) == 0;
+}
+
+// The caller of the running call: the first frame's library outside the CUDA internals, its
+// nearest exported symbol (or its offset in the library, for addr2line), then the next library
+// up the stack, as "libnvjpeg.so.13 nvjpegDecodeBatched <- swin_train+0x1a2b3".
+static void where_called(char *out, size_t size) {
+  void *frames[FRAMES];
+  int n = backtrace(frames, FRAMES);
+  size_t used = 0;
+  const char *last = NULL;
+  out[0] = 0;
+  for (int i = 0, shown = 0; i < n && shown < 2; i++) {
+    Dl_info info;
+    if (!dladdr(frames[i], &info) || !info.dli_fname) continue;
+    const char *lib = base_name(info.dli_fname);
+    if (is_cuda_internal(lib) || (last && strcmp(lib, last) == 0)) continue;
+    int w =
+        info.dli_sname
+            ? snprintf(out + used, size - used, "%s%s %s", shown ? " <- " : "", lib, info.dli_sname)
+            : snprintf(out + used, size - used, "%s%s+0x%lx", shown ? " <- " : "", lib,
+                       (unsigned long)((char *)frames[i] - (char *)info.dli_fbase));
+    if (w < 0 || (size_t)w >= size - used) break;
+    used += (size_t)w;
+    last = lib;
+    shown++;
+  }
+  if (!out[0]) snprintf(out, size, "?");
+}
+
+static void count_caller(CUpti_CallbackId id, uint64_t dt) {
+  char where[192];
+  where_called(where, sizeof where);
+  pthread_mutex_lock(&callers_lock);
+  int k = 0;
+  while (k < ncallers && (callers[k].id != id || strcmp(callers[k].where, where) != 0)) k++;
+  if (k == ncallers && ncallers < CALLERS) {
+    callers[k] = (Caller){.id = id};
+    snprintf(callers[k].where, sizeof callers[k].where, "%s", where);
+    ncallers++;
+  }
+  if (k < ncallers) {
+    callers[k].count++;
+    callers[k].total_ns += dt;
+  } else {
+    callers_dropped++;
+  }
+  pthread_mutex_unlock(&callers_lock);
+}
+
 // The entry stores its time in the call's correlation slot; the exit adds the difference.
 static void CUPTIAPI on_call(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId id,
                              const void *data) {
@@ -86,6 +181,20 @@ static void CUPTIAPI on_call(void *userdata, CUpti_CallbackDomain domain, CUpti_
   if (dt > s->max_ns[id]) s->max_ns[id] = dt;
   if (is_launch(id)) s->launches++;
   if (!names[id]) names[id] = cb->functionName;
+  if (is_watched(id)) count_caller(id, dt);
+}
+
+static void print_callers(void) {
+  pthread_mutex_lock(&callers_lock);
+  if (ncallers) fprintf(stderr, "who made the memory and stream calls (all threads):\n");
+  for (int k = 0; k < ncallers; k++)
+    fprintf(stderr, "  %-28s %8llu %10.2f ms  %s\n",
+            names[callers[k].id] ? names[callers[k].id] : "?", (unsigned long long)callers[k].count,
+            (double)callers[k].total_ns * 1e-6, callers[k].where);
+  if (callers_dropped)
+    fprintf(stderr, "  (%llu calls from callers beyond the first %d not shown)\n",
+            (unsigned long long)callers_dropped, CALLERS);
+  pthread_mutex_unlock(&callers_lock);
 }
 
 // The TOP functions of one set of sums by total time.
@@ -142,6 +251,7 @@ static void report(void) {
   if (n > 1) print_table("every other thread, summed", others, n - 1);
   pthread_mutex_unlock(&threads_lock);
   free(others);
+  print_callers();
 }
 
 __attribute__((visibility("default"))) int InitializeInjection(void) {
