@@ -20,7 +20,9 @@
 //
 // Beside a training step replayed as a CUDA graph on the same GPU, nvjpegDecodeBatched's host
 // call took 4-5x longer (data/PERF.md, version 6), so the trainer runs its step without graphs
-// while this decoder feeds it (train.cuda_graphs = auto).
+// while this decoder feeds it (train.cuda_graphs = auto). The cause (data/PERF.md, measured
+// 2026-12-08): the hardware decoder frees device memory inside the call, ~3.5 times a batch,
+// and each cuMemFree waits for the device to be idle, beside a graph for the rest of it.
 //
 // Only what both decoders read the same way goes to nvJPEG: files that pass image_check
 // (data/image.h), are baseline or extended-sequential Huffman JPEGs of 8-bit samples with 1 or
